@@ -1,0 +1,202 @@
+"""DP-SGD step cost: plain step vs our one-pass clipper vs Opacus 1.6 (hooks, functorch, ghost).
+
+A step is forward + backward (+ clipping and noise for the private ones) + optimizer step, timed as
+the median of ``--steps`` steps after ``--warmup`` steps. Methods are timed round-robin in one process
+(blocks of ``--block`` steps) so that clock drift hits them all alike; ratios are to the plain step of
+the same run. Peak memory is measured per method in a fresh subprocess: on CUDA
+``torch.cuda.max_memory_allocated`` above what the model and data hold; on CPU the ``ru_maxrss``
+increase over the same baseline (resident set high-water mark; it includes allocator slack).
+
+Usage: ``python bench/dp_sgd.py [--device cuda] [--steps 50] [--no-memory]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import multiprocessing as mp
+import resource
+import statistics
+import time
+import warnings
+from collections.abc import Callable
+
+import torch
+from torch import Tensor, nn
+
+from lightning_dp.privacy.clipping import PerSampleClipper, add_noise
+
+SIGMA, C = 1.0, 1.0
+METHODS = ("plain", "fast", "opacus-hooks", "opacus-functorch", "opacus-ghost")
+Step = Callable[[], None]
+
+
+def mlp() -> nn.Module:
+    """Tabular discriminator: 108 -> 256 -> 256 -> 1."""
+    return nn.Sequential(nn.Linear(108, 256), nn.LeakyReLU(0.2), nn.Linear(256, 256), nn.LeakyReLU(0.2), nn.Linear(256, 1))
+
+
+def convnet() -> nn.Module:
+    """Image discriminator for 1x28x28: two strided convs with GroupNorm, then a linear head."""
+    return nn.Sequential(
+        nn.Conv2d(1, 16, 4, stride=2, padding=1),  # (B, 16, 14, 14)
+        nn.LeakyReLU(0.2),
+        nn.Conv2d(16, 32, 4, stride=2, padding=1),  # (B, 32, 7, 7)
+        nn.GroupNorm(8, 32),
+        nn.LeakyReLU(0.2),
+        nn.Flatten(),
+        nn.Linear(32 * 7 * 7, 1),
+    )
+
+
+CASES = {"mlp": (mlp, (108,), 256), "conv": (convnet, (1, 28, 28), 64)}
+
+
+def make_step(method: str, case: str, device: torch.device) -> Step:
+    """Build a model, optimizer and batch for one method; return a closure running one step."""
+    build, shape, batch = CASES[case]
+    torch.manual_seed(0)
+    model = build().to(device)
+    x, y = torch.randn(batch, *shape, device=device), torch.randint(0, 2, (batch,), device=device).float()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
+    per_sample = nn.BCEWithLogitsLoss(reduction="none")
+
+    if method == "plain":
+
+        def step() -> None:
+            per_sample(model(x).squeeze(1), y).mean().backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+
+        return step
+    if method == "fast":
+        clipper = PerSampleClipper(model, max_grad_norm=C)
+        params = list(clipper.params)
+
+        def step() -> None:
+            clipper.backward(per_sample(model(x).squeeze(1), y))
+            noisy = add_noise([p.grad for p in params], noise_multiplier=SIGMA, max_grad_norm=C)
+            for p, g in zip(params, noisy):
+                p.grad = g.div_(batch)  # divided by the expected batch size
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+
+        return step
+    return _opacus_step(method, model, optimizer, x, y, batch)
+
+
+def _opacus_step(method: str, model: nn.Module, optimizer: torch.optim.Optimizer, x: Tensor, y: Tensor, batch: int) -> Step:
+    from opacus import PrivacyEngine
+
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x.cpu(), y.cpu()), batch_size=batch)
+    mode = method.removeprefix("opacus-")
+    kwargs = {"criterion": nn.BCEWithLogitsLoss()} if mode == "ghost" else {}
+    private = PrivacyEngine().make_private(
+        module=model,
+        optimizer=optimizer,
+        data_loader=loader,
+        noise_multiplier=SIGMA,
+        max_grad_norm=C,
+        poisson_sampling=False,
+        grad_sample_mode=mode,
+        **kwargs,
+    )
+    model, optimizer = private[0], private[1]
+    criterion = private[2] if mode == "ghost" else nn.BCEWithLogitsLoss()
+
+    def step() -> None:
+        criterion(model(x).squeeze(1), y).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return step
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def time_methods(case: str, methods: list[str], device: torch.device, steps: int, warmup: int, block: int) -> dict[str, float]:
+    """Median seconds per step of each method, measured round-robin in blocks."""
+    runners, times = {}, {m: [] for m in methods}
+    for m in methods:
+        try:
+            runners[m] = make_step(m, case, device)
+            for _ in range(warmup):
+                runners[m]()
+        except Exception as err:  # an Opacus mode that fails here is reported, not fatal
+            print(f"  {case}/{m}: unavailable ({type(err).__name__}: {str(err)[:120]})")
+            runners.pop(m, None)
+    while any(len(times[m]) < steps for m in runners):
+        for m, run in runners.items():
+            for _ in range(block):
+                _sync(device)
+                t0 = time.perf_counter()
+                run()
+                _sync(device)
+                times[m].append(time.perf_counter() - t0)
+    return {m: statistics.median(times[m]) for m in runners}
+
+
+def _peak_worker(method: str, case: str, device_name: str, steps: int, queue: mp.Queue) -> None:
+    warnings.filterwarnings("ignore")
+    device = torch.device(device_name)
+    try:
+        step = make_step(method, case, device)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+            base = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
+        else:
+            base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+        for _ in range(steps):
+            step()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+            peak = torch.cuda.max_memory_allocated() - base
+        else:
+            peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base
+        queue.put(peak)
+    except Exception:
+        queue.put(None)
+
+
+def peak_memory(method: str, case: str, device: torch.device, steps: int = 5) -> float | None:
+    """Peak extra bytes of a few steps of one method, in a fresh process."""
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    proc = ctx.Process(target=_peak_worker, args=(method, case, str(device), steps, queue))
+    proc.start()
+    result = queue.get()
+    proc.join()
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--steps", type=int, default=50)
+    parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument("--block", type=int, default=5)
+    parser.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
+    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
+    parser.add_argument("--no-memory", action="store_true")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    warnings.filterwarnings("ignore")
+    device = torch.device(args.device)
+    methods = ["plain", *[m for m in args.methods if m != "plain"]]
+    mem_kind = "cuda max_memory_allocated" if device.type == "cuda" else "ru_maxrss increase"
+    print(f"torch {torch.__version__}, device {device}, threads {torch.get_num_threads()}, sigma={SIGMA}, C={C}")
+    print(f"{'case':<6}{'method':<18}{'ms/step':>9}{'x plain':>9}{'peak MiB':>10}   ({mem_kind}, separate process)")
+    for case in args.cases:
+        medians = time_methods(case, methods, device, args.steps, args.warmup, args.block)
+        for m, t in medians.items():
+            peak = None if args.no_memory else peak_memory(m, case, device)
+            mem = "n/a" if peak is None else f"{peak / 2**20:.1f}"
+            print(f"{case:<6}{m:<18}{t * 1e3:>9.3f}{t / medians['plain']:>9.2f}{mem:>10}")
+
+
+if __name__ == "__main__":
+    main()

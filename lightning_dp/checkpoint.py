@@ -1,0 +1,147 @@
+"""Checkpoints that carry a run's ledger and public facts, written atomically and loaded with checks.
+
+Every checkpoint holds, under ``checkpoint["lightning_dp"]``: the resolved config, the ledger state,
+the public data state (released schema or image shape), library versions and a format version.
+That is all ``python -m lightning_dp.sample`` needs, months later, in a new process.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import io
+import json
+import logging
+import os
+import platform
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning_fabric.plugins.io.torch_io import TorchCheckpointIO
+from pytorch_lightning import Callback, LightningModule, Trainer
+
+from lightning_dp.io import atomic_write, atomic_write_text
+from lightning_dp.privacy.ledger import PrivacyLedger
+
+log = logging.getLogger(__name__)
+
+FORMAT_VERSION = 1
+PACKAGES = ("lightning-dp", "torch", "pytorch-lightning", "opacus", "torchmetrics", "numpy", "pandas",
+            "scikit-learn", "scipy", "omegaconf", "hydra-core")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint is missing, corrupt, or not a lightning-dp checkpoint."""
+
+
+def versions() -> dict[str, str]:
+    """Versions of Python and the libraries a run depends on."""
+    out = {"python": platform.python_version()}
+    for pkg in PACKAGES:
+        try:
+            out[pkg] = importlib.metadata.version(pkg)
+        except importlib.metadata.PackageNotFoundError:
+            out[pkg] = "not installed"
+    return out
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Serialises to memory, then writes a temporary file and renames it: a crash never leaves a
+    truncated ``last.ckpt`` behind."""
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: str | os.PathLike, storage_options: Any = None) -> None:
+        buffer = io.BytesIO()
+        torch.save(checkpoint, buffer)
+        atomic_write(path, lambda tmp: Path(tmp).write_bytes(buffer.getvalue()))
+
+
+def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
+    """Load a lightning-dp checkpoint with ``weights_only=True`` (no code runs from the file).
+
+    Raises:
+        CheckpointError: the file is absent, unreadable, corrupt, or lacks the lightning-dp record.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"Checkpoint {str(path)!r} does not exist. Pass the path of a run's "
+                              "checkpoints/last.ckpt.")
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:
+        raise CheckpointError(f"Checkpoint {str(path)!r} is corrupt or not a PyTorch checkpoint ({type(err).__name__}: "
+                              f"{str(err)[:200]}). Use another checkpoint of the run (e.g. an epoch checkpoint), "
+                              "or retrain.") from err
+    record = ckpt.get("lightning_dp") if isinstance(ckpt, dict) else None
+    if not record or "ledger" not in record or "state_dict" not in ckpt:
+        raise CheckpointError(f"{str(path)!r} is a PyTorch file but not a lightning-dp checkpoint (no privacy "
+                              "ledger in it). Only checkpoints written by train.py can be sampled or resumed.")
+    if record.get("format_version", 0) > FORMAT_VERSION:
+        raise CheckpointError(f"{str(path)!r} was written by a newer lightning-dp (format "
+                              f"{record['format_version']}); upgrade to read it.")
+    return ckpt
+
+
+class RunRecord(Callback):
+    """Carries the ledger and the run's public facts in every checkpoint and beside it.
+
+    * ``state_dict`` / ``load_state_dict``: the ledger, so a resumed run continues its ε;
+    * ``on_save_checkpoint``: adds the ``lightning_dp`` record and rewrites ``ledger.json``;
+    * logs ``privacy/epsilon`` and ``privacy/epsilon_remaining``;
+    * saves ``last.ckpt`` right after the first releases, so an interrupted run can resume without
+      releasing anything twice.
+    """
+
+    def __init__(self, *, ledger: PrivacyLedger, config: dict[str, Any], data_state: dict[str, Any],
+                 output_dir: str | os.PathLike) -> None:
+        self.ledger, self.config, self.data_state = ledger, config, data_state
+        self.output_dir = Path(output_dir)
+
+    @property
+    def ledger_path(self) -> Path:
+        return self.output_dir / "ledger.json"
+
+    @property
+    def last_path(self) -> Path:
+        return self.output_dir / "checkpoints" / "last.ckpt"
+
+    def record(self) -> dict[str, Any]:
+        return {"format_version": FORMAT_VERSION, "config": self.config, "data": self.data_state,
+                "ledger": self.ledger.state_dict(), "versions": versions()}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"ledger": self.ledger.state_dict()}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.ledger.load_state_dict(state_dict["ledger"])
+
+    def write_ledger(self, trainer: Trainer | None = None) -> None:
+        if trainer is None or trainer.is_global_zero:
+            self.ledger.save_json(self.ledger_path)
+
+    def on_save_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
+        checkpoint["lightning_dp"] = self.record()
+        self.write_ledger(trainer)
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self.write_ledger(trainer)
+        if self.ledger.spent > 0 and not self.last_path.exists():
+            trainer.save_checkpoint(self.last_path)
+
+    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, *args: Any) -> None:
+        self._log(pl_module)
+
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self.write_ledger(trainer)
+
+    def _log(self, pl_module: LightningModule) -> None:
+        eps = self.ledger.spent
+        pl_module.log("privacy/epsilon", eps, prog_bar=True, on_step=True, on_epoch=False)
+        pl_module.log("privacy/epsilon_remaining", max(self.ledger.target_epsilon - eps, 0.0), on_step=True,
+                      on_epoch=False)
+
+
+def write_run_files(output_dir: str | os.PathLike, *, config_yaml: str) -> None:
+    """``config.yaml`` (resolved) and ``versions.json`` beside the checkpoints, atomically."""
+    out = Path(output_dir)
+    atomic_write_text(out / "config.yaml", config_yaml)
+    atomic_write_text(out / "versions.json", json.dumps(versions(), indent=2) + "\n")

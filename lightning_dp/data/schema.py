@@ -1,0 +1,203 @@
+"""Tabular schemas: which columns exist, their types, and the public facts about them.
+
+A schema file (YAML) is what the data owner declares public:
+
+.. code-block:: yaml
+
+    label: income                 # optional: the column a conditional generator conditions on
+    missing_values: ["?"]         # tokens read as a missing value
+    columns:
+      - {name: age, type: continuous, bounds: [17, 90], integer: true}
+      - {name: workclass, type: categorical, categories: [Private, State-gov], missing: true}
+      - {name: income, type: categorical, categories: ["<=50K", ">50K"]}
+
+Bounds or categories left out are *not* public: the run estimates them with DP and charges the
+ledger (see ``dp_preprocessing.py``). ``missing: true`` means missing values are allowed and modelled.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import yaml
+
+log = logging.getLogger(__name__)
+
+KINDS = ("continuous", "categorical")
+
+
+class DataError(ValueError):
+    """The data does not match its schema; the message says where and how to fix it."""
+
+
+@dataclass
+class Column:
+    """One column of a tabular data set.
+
+    Attributes:
+        name: column name in the user's file.
+        type: ``"continuous"`` or ``"categorical"``.
+        bounds: public ``[lower, upper]`` of a continuous column, or ``None`` (estimated with DP).
+        categories: public category list of a categorical column, or ``None`` (estimated with DP).
+        missing: whether missing values are allowed (and modelled).
+        integer: continuous values are integers (samples are rounded).
+    """
+
+    name: str
+    type: str
+    bounds: list[float] | None = None
+    categories: list[str] | None = None
+    missing: bool = False
+    integer: bool = False
+
+    def __post_init__(self) -> None:
+        if self.type not in KINDS:
+            raise DataError(f"Column {self.name!r}: unknown type {self.type!r}; use one of {', '.join(KINDS)}.")
+        if self.bounds is not None:
+            if len(self.bounds) != 2 or not float(self.bounds[0]) < float(self.bounds[1]):
+                raise DataError(f"Column {self.name!r}: bounds must be [lower, upper] with lower < upper.")
+            self.bounds = [float(self.bounds[0]), float(self.bounds[1])]
+        if self.categories is not None:
+            self.categories = [str(c) for c in self.categories]
+            if len(set(self.categories)) != len(self.categories):
+                raise DataError(f"Column {self.name!r}: the category list has duplicates.")
+
+
+@dataclass
+class Schema:
+    """The public description of a tabular data set."""
+
+    columns: list[Column]
+    label: str | None = None
+    missing_values: list[str] = field(default_factory=lambda: ["?", ""])
+
+    def __post_init__(self) -> None:
+        names = [c.name for c in self.columns]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise DataError(f"The schema lists these columns twice: {dupes}.")
+        if self.label is not None:
+            if self.label not in names:
+                raise DataError(f"The schema's label {self.label!r} is not one of its columns {names}.")
+            if self[self.label].type != "categorical":
+                raise DataError(f"The label {self.label!r} must be categorical.")
+
+    def __getitem__(self, name: str) -> Column:
+        for c in self.columns:
+            if c.name == name:
+                return c
+        raise KeyError(name)
+
+    @property
+    def names(self) -> list[str]:
+        return [c.name for c in self.columns]
+
+    @property
+    def features(self) -> list[Column]:
+        """All columns but the label."""
+        return [c for c in self.columns if c.name != self.label]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"label": self.label, "missing_values": list(self.missing_values),
+                "columns": [asdict(c) for c in self.columns]}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Schema:
+        cols = d.get("columns")
+        if isinstance(cols, dict):  # {name: {...}} form
+            cols = [{"name": k, **(v or {})} for k, v in cols.items()]
+        if not cols:
+            raise DataError("A schema needs a non-empty 'columns' list.")
+        try:
+            columns = [Column(**c) for c in cols]
+        except TypeError as err:
+            raise DataError(f"Bad column entry in the schema: {err}. Valid keys: name, type, bounds, "
+                            "categories, missing, integer.") from err
+        return cls(columns=columns, label=d.get("label"), missing_values=list(d.get("missing_values", ["?", ""])))
+
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> Schema:
+        path = Path(path)
+        if not path.is_file():
+            raise DataError(f"Schema file {str(path)!r} does not exist. Pass data.schema=PATH to a YAML schema.")
+        return cls.from_dict(yaml.safe_load(path.read_text()) or {})
+
+    @classmethod
+    def infer(cls, df: pd.DataFrame, *, label: str | None = None, max_categories: int = 50) -> Schema:
+        """Column *types* from a frame (structural metadata, treated as public). No bounds or
+        categories are taken from the data: those are left for the DP estimates."""
+        cols = []
+        for name in df.columns:
+            numeric = pd.to_numeric(df[name], errors="coerce")
+            is_num = numeric.notna().mean() > 0.95 and name != label and df[name].nunique() > max_categories // 5
+            cols.append(Column(name=str(name), type="continuous" if is_num else "categorical",
+                               missing=bool(df[name].isna().any())))
+        log.warning("No schema given: column types were inferred from the data (treated as public metadata); "
+                    "bounds and categories will be estimated with DP. Write a schema file to make them public.")
+        return cls(columns=cols, label=label)
+
+
+def _row_list(index: Sequence[Any], limit: int = 8) -> str:
+    rows = [str(i) for i in list(index)[:limit]]
+    more = f" and {len(index) - limit} more" if len(index) > limit else ""
+    return ", ".join(rows) + more
+
+
+def _canonical_categories(s: pd.Series) -> pd.Series:
+    """Write integral numbers the same way (``1.0`` and ``1`` are the category ``"1"``)."""
+    num = pd.to_numeric(s, errors="coerce")
+    integral = num.notna() & (num == num.round())
+    if integral.any():
+        s = s.copy()
+        s[integral] = num[integral].astype("int64").astype(str)
+    return s
+
+
+def validate(df: pd.DataFrame, schema: Schema, *, source: str = "the data") -> pd.DataFrame:
+    """Check ``df`` against ``schema`` and return it with missing tokens as NaN and numbers parsed.
+
+    Raises:
+        DataError: unknown or absent columns, non-numeric values in a continuous column, or missing
+            values where the schema does not allow them. The message names columns and rows.
+    """
+    unknown = [c for c in df.columns if c not in schema.names]
+    absent = [c for c in schema.names if c not in df.columns]
+    if unknown or absent:
+        parts = []
+        if unknown:
+            parts.append(f"columns not in the schema: {unknown}")
+        if absent:
+            parts.append(f"schema columns missing from the file: {absent}")
+        raise DataError(f"{source} does not match the schema ({'; '.join(parts)}). Add the columns to the "
+                        "schema file, or drop them from the data.")
+    out = df[schema.names].copy()
+    tokens = set(schema.missing_values)
+    for col in schema.columns:
+        s = out[col.name]
+        if s.dtype == object or pd.api.types.is_string_dtype(s):
+            s = s.astype("string").str.strip()
+            s = s.mask(s.isin(tokens))
+        if col.type == "continuous":
+            parsed = pd.to_numeric(s, errors="coerce")
+            bad = parsed.isna() & s.notna()
+            if bad.any():
+                examples = [repr(v) for v in s[bad].unique()[:5]]
+                raise DataError(f"Column {col.name!r} is continuous but {source} has non-numeric values "
+                                f"{examples} in rows {_row_list(s.index[bad])}. Fix those cells, declare the "
+                                "column categorical, or add the token to the schema's missing_values.")
+            s = parsed.astype(float)
+        else:
+            s = _canonical_categories(s.astype("string").astype(object).where(s.notna(), np.nan))
+        missing = s.isna()
+        if missing.any() and not col.missing:
+            raise DataError(f"Column {col.name!r} has missing values in {source} (rows "
+                            f"{_row_list(s.index[missing])}) but the schema does not allow them. Set "
+                            f"'missing: true' for {col.name!r} to model them, or clean those rows.")
+        out[col.name] = s
+    return out

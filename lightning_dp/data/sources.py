@@ -1,0 +1,176 @@
+"""Where data comes from: bundled data sets, the shared real data sets, and user CSV/Parquet files.
+
+Every loader returns raw frames (tabular) or arrays (images); validation and encoding happen in the
+data modules. Nothing here downloads anything.
+"""
+
+from __future__ import annotations
+
+import gzip
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from lightning_dp.data.schema import DataError, Schema
+
+log = logging.getLogger(__name__)
+
+TABULAR = ("breast_cancer", "adult", "cervical", "csv")
+IMAGES = ("mnist_test", "digits", "npz")
+DEFAULT_ROOT = Path(__file__).resolve().parents[2].parent / "shared" / "data"
+
+
+@dataclass
+class TabularSource:
+    """Raw private rows plus the public schema. ``test`` is a held-out real split, if the source has one."""
+
+    train: pd.DataFrame
+    test: pd.DataFrame | None
+    schema: Schema
+    name: str
+
+
+@dataclass
+class ImageSource:
+    """Images in [0, 1], shape (N, H, W), with integer labels; ``classes`` is public."""
+
+    images: np.ndarray
+    labels: np.ndarray
+    classes: list[str]
+    name: str
+
+
+def bundled_schema(name: str) -> Schema:
+    """The schema shipped for a bundled data set."""
+    text = resources.files("lightning_dp.data").joinpath(f"schemas/{name}.yaml").read_text()
+    import yaml
+
+    return Schema.from_dict(yaml.safe_load(text))
+
+
+def _root(root: str | Path | None) -> Path:
+    return Path(root) if root else DEFAULT_ROOT
+
+
+def _require(path: Path, what: str) -> Path:
+    if not path.exists():
+        raise DataError(f"{what} not found at {str(path)!r}. Point data.root=PATH at the folder holding the "
+                        "shared data sets (it must contain adult/, cervical/, mnist-test/).")
+    return path
+
+
+def read_table(path: str | Path, **kwargs) -> pd.DataFrame:
+    """Read a CSV or Parquet file as strings-or-numbers, with a clear error for malformed files."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"Data file {str(path)!r} does not exist. Pass data.path=PATH to a CSV or Parquet file.")
+    try:
+        if path.suffix.lower() in (".parquet", ".pq"):
+            return pd.read_parquet(path)
+        return pd.read_csv(path, dtype=str, keep_default_na=False, **kwargs)
+    except (pd.errors.ParserError, UnicodeDecodeError, ValueError, OSError) as err:
+        raise DataError(f"Could not parse {str(path)!r}: {err}. Check that it is a well-formed CSV (one header "
+                        "line, the same number of fields on every line) or a Parquet file.") from err
+
+
+def load_breast_cancer(**_: object) -> TabularSource:
+    """scikit-learn's breast cancer data (569 × 30, binary), bundled with scikit-learn."""
+    from sklearn.datasets import load_breast_cancer as sk_load
+
+    bc = sk_load()
+    df = pd.DataFrame(bc.data, columns=list(bc.feature_names))
+    df["diagnosis"] = np.asarray(bc.target_names, dtype=object)[bc.target]
+    return TabularSource(train=df, test=None, schema=bundled_schema("breast_cancer"), name="breast_cancer")
+
+
+def load_adult(root: str | Path | None = None, **_: object) -> TabularSource:
+    """UCI Adult, train (32,561) and test (16,281) as shipped; test labels lose their trailing '.'."""
+    folder = _require(_root(root) / "adult", "The Adult data set")
+    schema = bundled_schema("adult")
+    kw = dict(header=None, names=schema.names, skipinitialspace=True, dtype=str, keep_default_na=False)
+    train = pd.read_csv(_require(folder / "adult.data", "adult.data"), **kw)
+    test = pd.read_csv(_require(folder / "adult.test", "adult.test"), skiprows=1, **kw)
+    train, test = (d[d["income"].str.len() > 0].reset_index(drop=True) for d in (train, test))
+    test["income"] = test["income"].str.rstrip(".")
+    return TabularSource(train=train, test=test, schema=schema, name="adult")
+
+
+def load_cervical(root: str | Path | None = None, **_: object) -> TabularSource:
+    """UCI Cervical cancer risk factors (858 rows, label Biopsy)."""
+    path = _require(_root(root) / "cervical" / "risk_factors_cervical_cancer.csv", "The Cervical data set")
+    return TabularSource(train=read_table(path), test=None, schema=bundled_schema("cervical"), name="cervical")
+
+
+def load_csv(path: str | Path | None = None, schema: str | Path | None = None, test_path: str | Path | None = None,
+             label: str | None = None, **_: object) -> TabularSource:
+    """A user's CSV/Parquet file with a schema YAML (or inferred column types, with a warning)."""
+    if not path:
+        raise DataError("data=csv needs data.path=PATH (a CSV or Parquet file) and data.schema=PATH (a YAML schema).")
+    train = read_table(path)
+    test = read_table(test_path) if test_path else None
+    sch = Schema.from_yaml(schema) if schema else Schema.infer(train, label=label)
+    return TabularSource(train=train, test=test, schema=sch, name=Path(path).stem)
+
+
+def _read_idx(path: Path) -> np.ndarray:
+    with gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb") as f:
+        data = f.read()
+    if data[:2] != b"\x00\x00":
+        raise DataError(f"{str(path)!r} is not an IDX file (bad magic number).")
+    ndim = data[3]
+    shape = tuple(int.from_bytes(data[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim))
+    return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim).reshape(shape)
+
+
+def load_mnist_test(root: str | Path | None = None, **_: object) -> ImageSource:
+    """The MNIST test split (10,000 × 28 × 28) from IDX files."""
+    folder = _require(_root(root) / "mnist-test", "The MNIST test split")
+    images = _read_idx(folder / "t10k-images-idx3-ubyte.gz").astype(np.float32) / 255.0
+    labels = _read_idx(folder / "t10k-labels-idx1-ubyte.gz").astype(np.int64)
+    return ImageSource(images=images, labels=labels, classes=[str(i) for i in range(10)], name="mnist_test")
+
+
+def load_digits(**_: object) -> ImageSource:
+    """scikit-learn's 8×8 digits (1,797 images), bundled with scikit-learn."""
+    from sklearn.datasets import load_digits as sk_load
+
+    d = sk_load()
+    return ImageSource(images=(d.images / 16.0).astype(np.float32), labels=d.target.astype(np.int64),
+                       classes=[str(i) for i in range(10)], name="digits")
+
+
+def load_npz(path: str | Path | None = None, **_: object) -> ImageSource:
+    """Images from an ``.npz`` with arrays ``images`` (N, H, W; uint8 or [0, 1] floats) and ``labels``."""
+    if not path or not Path(path).is_file():
+        raise DataError(f"data=npz needs data.path=PATH to an .npz file with 'images' and 'labels'; got {path!r}.")
+    with np.load(path) as z:
+        if "images" not in z or "labels" not in z:
+            raise DataError(f"{str(path)!r} must hold arrays 'images' and 'labels'; it has {list(z.keys())}.")
+        images, labels = z["images"], z["labels"].astype(np.int64)
+    images = images.astype(np.float32) / (255.0 if images.dtype == np.uint8 else 1.0)
+    if images.min() < 0 or images.max() > 1:
+        raise DataError(f"{str(path)!r}: images must be uint8 or floats in [0, 1].")
+    return ImageSource(images=images, labels=labels, classes=[str(i) for i in range(int(labels.max()) + 1)],
+                       name=Path(path).stem)
+
+
+LOADERS: dict[str, Callable[..., TabularSource | ImageSource]] = {
+    "breast_cancer": load_breast_cancer, "adult": load_adult, "cervical": load_cervical, "csv": load_csv,
+    "mnist_test": load_mnist_test, "digits": load_digits, "npz": load_npz,
+}
+
+
+def load_source(name: str, **kwargs: object) -> TabularSource | ImageSource:
+    """Load a data set by name.
+
+    Raises:
+        ValueError: unknown name (the message lists the valid ones).
+    """
+    if name not in LOADERS:
+        raise ValueError(f"Unknown data set {name!r}; valid: {', '.join(LOADERS)}.")
+    return LOADERS[name](**kwargs)

@@ -1,0 +1,32 @@
+"""Atomic file writes: a file is either absent or complete, never half-written."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+
+def atomic_write(path: str | os.PathLike[str], write: Callable[[str], None]) -> None:
+    """Call ``write(tmp_path)`` on a temporary file beside ``path``, then rename it into place.
+
+    The rename is atomic on POSIX file systems, so readers never see a partial file, and an error in
+    ``write`` leaves any previous ``path`` untouched.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
+    """Write ``text`` to ``path`` atomically (UTF-8)."""
+    atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))

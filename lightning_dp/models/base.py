@@ -1,0 +1,38 @@
+"""What every generator shares: sampling in model space from released label proportions."""
+
+from __future__ import annotations
+
+import torch
+from pytorch_lightning import LightningModule
+from torch import Tensor
+
+
+class GeneratorModule(LightningModule):
+    """A LightningModule that can ``sample(n, labels=None)`` rows ``(x, y)`` in model space.
+
+    Subclasses set ``self.generator`` (an ``nn.Module`` taking ``(z, y)``) and keep the released label
+    proportions in the ``class_probs`` buffer (uniform until a DP release sets them). The data module's
+    encoder turns the samples into the user's columns.
+    """
+
+    generator: torch.nn.Module
+
+    def init_label_buffer(self, num_classes: int) -> None:
+        self.num_classes = num_classes
+        self.register_buffer("class_probs", torch.full((num_classes,), 1.0 / num_classes))
+
+    def sample_labels(self, n: int, *, generator: torch.Generator | None = None) -> Tensor:
+        """Labels drawn from the released class proportions."""
+        return torch.multinomial(self.class_probs.cpu(), n, replacement=True, generator=generator).to(self.device)
+
+    @torch.no_grad()
+    def sample(self, n: int, labels: Tensor | None = None, *, seed: int | None = None) -> tuple[Tensor, Tensor]:
+        """``n`` synthetic rows ``(x, y)``; one-hot blocks are sampled (hard), not probabilities."""
+        gen = torch.Generator().manual_seed(seed) if seed is not None else None
+        was_training = self.training
+        self.eval()
+        y = self.sample_labels(n, generator=gen) if labels is None else labels.to(self.device)
+        z = torch.randn(n, self.generator.latent_dim, generator=gen).to(self.device)
+        x = self.generator(z, y, hard=True)
+        self.train(was_training)
+        return x, y

@@ -1,0 +1,329 @@
+"""The privacy ledger: one accountant per run that composes every release of private information.
+
+Every data-dependent quantity a run publishes (a DP-SGD step, a sanitized embedding, noisy class
+counts, a DP bandwidth, DP data bounds, ...) is recorded here *before* it is released. The ledger
+composes all releases in Rényi DP (Mironov 2017), converts to (ε, δ) with Balle et al. (2020), and
+refuses a release that would push ε past the run's target. Its state travels in every checkpoint,
+so a resumed run continues from the ε it had spent.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from datetime import datetime, timezone
+from typing import Any
+
+import numpy as np
+
+from lightning_dp.io import atomic_write_text
+from lightning_dp.privacy import mechanisms as mech
+
+log = logging.getLogger(__name__)
+
+MECHANISMS = ("gaussian", "subsampled_gaussian", "laplace", "exponential")
+ADJACENCIES = ("add_remove", "replace_one")
+ACCOUNTANTS = ("rdp", "prv")
+
+
+class BudgetExceededError(RuntimeError):
+    """A release would take the run's spent ε above its target."""
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+@dataclass(frozen=True)
+class Release:
+    """One release of private information, possibly repeated ``count`` times.
+
+    Attributes:
+        name: what was released (``"dp_merf/embedding"``, ``"dp_sgd/discriminator"``).
+        mechanism: one of ``MECHANISMS``.
+        sensitivity: L2 (Gaussian) or L1 (Laplace) sensitivity, or the utility sensitivity of the
+            exponential mechanism, under the ledger's adjacency.
+        noise_multiplier: noise scale / sensitivity (Gaussian, Laplace); ``None`` for exponential.
+        epsilon: ε of one use of a pure-DP mechanism (exponential); ``None`` otherwise.
+        sample_rate: Poisson sampling rate (``subsampled_gaussian``); 1 otherwise.
+        count: number of identical uses composed.
+        delta: additive δ of the release beyond its RDP curve (e.g. partition selection).
+        note: free text shown in reports (why this release exists, how its sensitivity follows).
+    """
+
+    name: str
+    mechanism: str
+    sensitivity: float
+    noise_multiplier: float | None = None
+    epsilon: float | None = None
+    sample_rate: float = 1.0
+    count: int = 1
+    delta: float = 0.0
+    note: str = ""
+    first_at: str = field(default_factory=_now)
+    last_at: str = field(default_factory=_now)
+
+    def __post_init__(self) -> None:
+        if self.mechanism not in MECHANISMS:
+            raise ValueError(f"Unknown mechanism {self.mechanism!r}; valid: {', '.join(MECHANISMS)}.")
+        if self.mechanism == "exponential":
+            if self.epsilon is None or self.epsilon <= 0:
+                raise ValueError(f"Release {self.name!r}: the exponential mechanism needs epsilon > 0.")
+        elif self.noise_multiplier is None or self.noise_multiplier <= 0:
+            raise ValueError(f"Release {self.name!r}: {self.mechanism} needs noise_multiplier > 0.")
+        if not 0 < self.sample_rate <= 1:
+            raise ValueError(f"Release {self.name!r}: sample_rate must be in (0, 1], got {self.sample_rate}.")
+        if self.count < 0:
+            raise ValueError(f"Release {self.name!r}: count must be >= 0.")
+
+    def rdp(self, orders: Sequence[float]) -> np.ndarray:
+        """RDP curve of all ``count`` uses of this release."""
+        if self.count == 0:
+            return np.zeros(len(orders))
+        if self.mechanism in ("gaussian", "subsampled_gaussian"):
+            return mech.gaussian_rdp(
+                orders, noise_multiplier=self.noise_multiplier, sample_rate=self.sample_rate, steps=self.count
+            )
+        if self.mechanism == "laplace":
+            return mech.laplace_rdp(orders, noise_multiplier=self.noise_multiplier, steps=self.count)
+        return mech.pure_dp_rdp(orders, epsilon=self.epsilon, steps=self.count)
+
+    def same_mechanism(self, other: Release) -> bool:
+        """True when ``other`` is another use of exactly this mechanism (so counts can merge)."""
+        keys = ("name", "mechanism", "sensitivity", "noise_multiplier", "epsilon", "sample_rate", "delta")
+        return all(getattr(self, k) == getattr(other, k) for k in keys)
+
+
+class PrivacyLedger:
+    """Composes every release of a run and enforces its (ε, δ) target.
+
+    Args:
+        target_epsilon: the run's total ε; releases beyond it are refused.
+        delta: the run's total δ (conversion δ plus the additive δ of releases).
+        accountant: ``"rdp"`` (default) or ``"prv"``; PRV (Gopi et al. 2021, via Opacus) is used
+            where every release is a (subsampled) Gaussian, and the smaller of the two valid upper
+            bounds is reported.
+        adjacency: ``"add_remove"`` (default; what Opacus' DP-SGD accounting assumes) or
+            ``"replace_one"`` (the DP-MERF paper's). Mechanisms read it to pick their sensitivity.
+        orders: RDP orders.
+
+    Raises:
+        ValueError: on ε <= 0, δ outside (0, 1), or an unknown accountant/adjacency.
+    """
+
+    def __init__(
+        self,
+        *,
+        target_epsilon: float,
+        delta: float,
+        accountant: str = "rdp",
+        adjacency: str = "add_remove",
+        orders: Sequence[float] = mech.DEFAULT_ORDERS,
+    ) -> None:
+        if not (isinstance(target_epsilon, int | float) and math.isfinite(target_epsilon) and target_epsilon > 0):
+            raise ValueError(
+                f"privacy.epsilon must be a finite number > 0, got {target_epsilon!r}. "
+                "Set e.g. privacy.epsilon=1."
+            )
+        if not 0 < delta < 1:
+            raise ValueError(
+                f"privacy.delta must be in (0, 1), got {delta!r}. Use a δ well below 1/n, e.g. privacy.delta=1e-5."
+            )
+        if accountant not in ACCOUNTANTS:
+            raise ValueError(f"Unknown accountant {accountant!r}; valid: {', '.join(ACCOUNTANTS)}.")
+        if adjacency not in ADJACENCIES:
+            raise ValueError(f"Unknown adjacency {adjacency!r}; valid: {', '.join(ADJACENCIES)}.")
+        self.target_epsilon = float(target_epsilon)
+        self.delta = float(delta)
+        self.accountant = accountant
+        self.adjacency = adjacency
+        self.orders = tuple(float(a) for a in orders)
+        self.releases: list[Release] = []
+
+    # ------------------------------------------------------------------ accounting
+    def epsilon(self, releases: Sequence[Release] | None = None) -> float:
+        """ε at the run's δ of ``releases`` (default: everything recorded so far)."""
+        releases = self.releases if releases is None else list(releases)
+        if not any(r.count for r in releases):
+            return 0.0
+        delta_left = self.delta - sum(r.delta for r in releases if r.count)
+        if delta_left <= 0:
+            return math.inf
+        rdp = np.sum([r.rdp(self.orders) for r in releases], axis=0)
+        eps = mech.rdp_to_epsilon(self.orders, rdp, delta_left)
+        if self.accountant == "prv" and all(r.mechanism != "laplace" and r.mechanism != "exponential" for r in releases):
+            eps = min(eps, self._prv_epsilon(releases, delta_left))
+        return eps
+
+    def _prv_epsilon(self, releases: Sequence[Release], delta: float) -> float:
+        from opacus.accountants import PRVAccountant
+
+        acc = PRVAccountant()
+        acc.history = [(r.noise_multiplier, r.sample_rate, r.count) for r in releases if r.count]
+        try:
+            return float(acc.get_epsilon(delta))
+        except Exception as err:  # PRV's discretisation fails for some extreme histories
+            log.warning("PRV accountant failed (%s); reporting the RDP bound.", err)
+            return math.inf
+
+    @property
+    def spent(self) -> float:
+        """ε spent so far."""
+        return self.epsilon()
+
+    @property
+    def remaining(self) -> float:
+        """ε left before the target (0 when spent)."""
+        return max(self.target_epsilon - self.spent, 0.0)
+
+    def epsilon_if(self, planned: Sequence[Release]) -> float:
+        """ε the run would reach after the ``planned`` releases."""
+        return self.epsilon(self._merged(planned))
+
+    def _merged(self, planned: Sequence[Release]) -> list[Release]:
+        merged = list(self.releases)
+        for p in planned:
+            for i, r in enumerate(merged):
+                if r.same_mechanism(p):
+                    merged[i] = replace(r, count=r.count + p.count, last_at=p.last_at)
+                    break
+            else:
+                merged.append(p)
+        return merged
+
+    # ------------------------------------------------------------------ recording
+    def has(self, name: str) -> bool:
+        """True when a release named ``name`` has already been recorded."""
+        return any(r.name == name and r.count > 0 for r in self.releases)
+
+    def record(self, release: Release) -> float:
+        """Record ``release`` and return the new ε; refuses it when ε would exceed the target.
+
+        Call this *before* the noisy value leaves the mechanism.
+
+        Raises:
+            BudgetExceededError: the release would take ε above ``target_epsilon``.
+        """
+        merged = self._merged([release])
+        eps = self.epsilon(merged)
+        if eps > self.target_epsilon * (1 + 1e-9):
+            raise BudgetExceededError(
+                f"Release {release.name!r} ({release.mechanism}, noise multiplier {release.noise_multiplier}, "
+                f"count {release.count}) would raise ε from {self.spent:.4g} to {eps:.4g}, above the run's "
+                f"target ε={self.target_epsilon:g} at δ={self.delta:g}. Nothing was released. To go on, "
+                "increase the noise, plan fewer steps, or start a new run with a larger privacy.epsilon "
+                "(a resumed run keeps the ε it has spent)."
+            )
+        self.releases = merged
+        return eps
+
+    def calibrate(
+        self,
+        planned: Callable[[float], Sequence[Release]],
+        *,
+        epsilon: float | None = None,
+        low: float = 1e-3,
+        high: float = 1e5,
+        rtol: float = 1e-4,
+    ) -> float:
+        """Smallest noise multiplier σ such that the recorded releases plus ``planned(σ)`` reach ε.
+
+        Args:
+            planned: builds the releases still to come from a candidate noise multiplier.
+            epsilon: ε to reach (default: the target); a share of it when calibrating an auxiliary
+                release on its own budget.
+
+        Raises:
+            BudgetExceededError: even ``high`` noise would exceed ε (the budget is already spent).
+        """
+        goal = self.target_epsilon if epsilon is None else float(epsilon)
+        if self.epsilon_if(planned(high)) > goal:
+            raise BudgetExceededError(
+                f"The privacy budget is already spent: ε={self.spent:.4g} of target {self.target_epsilon:g} "
+                f"(δ={self.delta:g}), and the planned releases cannot fit in ε={goal:.4g} at any noise level. "
+                "Start a new run with a larger privacy.epsilon, or release less."
+            )
+        lo, hi = math.log(low), math.log(high)
+        if self.epsilon_if(planned(low)) <= goal:
+            return low
+        while hi - lo > rtol:
+            mid = (lo + hi) / 2
+            if self.epsilon_if(planned(math.exp(mid))) > goal:
+                lo = mid
+            else:
+                hi = mid
+        return math.exp(hi)
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to continue composing after a restart."""
+        return {
+            "target_epsilon": self.target_epsilon,
+            "delta": self.delta,
+            "accountant": self.accountant,
+            "adjacency": self.adjacency,
+            "orders": list(self.orders),
+            "releases": [asdict(r) for r in self.releases],
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a saved ledger; its target and δ must match this run's (ε is never reset).
+
+        Raises:
+            ValueError: the saved ledger was for another (ε, δ), accountant or adjacency.
+        """
+        for key in ("target_epsilon", "delta", "accountant", "adjacency"):
+            if state[key] != getattr(self, key):
+                raise ValueError(
+                    f"The checkpoint's privacy ledger has {key}={state[key]!r} but this run asks for "
+                    f"{getattr(self, key)!r}. A resumed run keeps its ledger: resume with the same "
+                    "privacy settings, or start a new run (which spends a new budget on the data)."
+                )
+        self.orders = tuple(state["orders"])
+        self.releases = [Release(**r) for r in state["releases"]]
+
+    @classmethod
+    def from_state_dict(cls, state: dict[str, Any]) -> PrivacyLedger:
+        """A ledger rebuilt from :meth:`state_dict`."""
+        ledger = cls(
+            target_epsilon=state["target_epsilon"],
+            delta=state["delta"],
+            accountant=state["accountant"],
+            adjacency=state["adjacency"],
+            orders=state["orders"],
+        )
+        ledger.load_state_dict(state)
+        return ledger
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON view: target, spend, and each release with its own ε and the running total."""
+        rows, so_far = [], []
+        for r in self.releases:
+            so_far.append(r)
+            rows.append(
+                {
+                    **asdict(r),
+                    "epsilon_alone": self.epsilon([r]),
+                    "epsilon_cumulative": self.epsilon(so_far),
+                }
+            )
+        return {
+            "target_epsilon": self.target_epsilon,
+            "delta": self.delta,
+            "epsilon": self.spent,
+            "accountant": self.accountant,
+            "adjacency": self.adjacency,
+            "delta_of_releases": sum(r.delta for r in self.releases),
+            "releases": rows,
+        }
+
+    def save_json(self, path: str) -> None:
+        """Write :meth:`to_dict` to ``path`` atomically."""
+        atomic_write_text(path, json.dumps(self.to_dict(), indent=2, default=float) + "\n")
+
+    def summary(self) -> str:
+        """One line for logs: ``ε = 0.98 of 1 (δ = 1e-05), 3 releases``."""
+        return f"ε = {self.spent:.4g} of {self.target_epsilon:g} (δ = {self.delta:g}), {len(self.releases)} releases"

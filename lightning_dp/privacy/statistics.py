@@ -1,0 +1,46 @@
+"""Streaming sums of private rows and pure functions that turn their noisy versions into estimates."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+import torch
+from torch import Tensor
+
+
+def class_feature_sums(
+    batches: Iterable[tuple[Tensor, Tensor]], features: Callable[[Tensor], Tensor], num_classes: int
+) -> tuple[Tensor, Tensor]:
+    """One pass over ``batches`` of (x, y): ``S[c] = Σ_{i: y_i = c} features(x_i)`` and class counts.
+
+    Memory is O(C·D) whatever the number of rows. Sums are accumulated in float64.
+    """
+    sums, counts = None, torch.zeros(num_classes, dtype=torch.float64)
+    for x, y in batches:
+        h = features(x).double()  # (B, D)
+        if sums is None:
+            sums = torch.zeros(num_classes, h.shape[1], dtype=torch.float64, device=h.device)
+            counts = counts.to(h.device)
+        sums.index_add_(0, y.to(h.device), h)  # (C, D)
+        counts += torch.bincount(y.to(h.device), minlength=num_classes).double()
+    if sums is None:
+        raise ValueError("The private data set is empty: nothing to embed.")
+    return sums, counts
+
+
+def moment_sums(batches: Iterable[Tensor]) -> Tensor:
+    """``[Σx (d) ; Σ||x||² ; n]`` over rows in [0, 1]^d, float64, one pass."""
+    acc = None
+    for x in batches:
+        x = x.double()
+        part = torch.cat([x.sum(0), x.square().sum().reshape(1), torch.tensor([x.shape[0]], dtype=x.dtype)])
+        acc = part if acc is None else acc + part
+    if acc is None:
+        raise ValueError("The private data set is empty.")
+    return acc
+
+
+def mean_squared_distance(sum_x: Tensor, sum_sq: float, n: float) -> float:
+    """Mean squared distance over distinct pairs, ``E||x − x'||² = 2n/(n−1) · (Σ||x||²/n − ||Σx/n||²)``."""
+    n = max(float(n), 2.0)
+    return float(2.0 * n / (n - 1.0) * (sum_sq / n - (sum_x / n).square().sum()))
