@@ -162,28 +162,31 @@ def range_query_error(
     cols = _check_columns(real, synthetic)
     rng = np.random.default_rng(seed)
     k = min(n_attributes, len(cols))
-    sides = {"real": real, "synthetic": synthetic}
-    values = {
-        c: {n: category_strings(f[c]) if c in cats else _numeric(f[c]) for n, f in sides.items()}
-        for c in cols
-    }
+    values, levels, finite = {}, {}, {}
+    for c in cols:
+        if c in cats:  # integer codes; the categories on offer are those of the real column
+            r, s, n_levels = discretise(real[c], synthetic[c], categorical=True)
+            values[c], levels[c] = (r, s), (np.unique(r), n_levels)
+        else:
+            values[c] = (_numeric(real[c]), _numeric(synthetic[c]))
+            finite[c] = values[c][0][np.isfinite(values[c][0])]
     answers = np.zeros((n_queries, 2))
     for q in range(n_queries):
-        masks = {n: np.ones(len(f), dtype=bool) for n, f in sides.items()}
+        masks = [np.ones(len(real), dtype=bool), np.ones(len(synthetic), dtype=bool)]
         for c in rng.choice(cols, size=k, replace=False):
-            pool = values[c]["real"]
             if c in cats:
-                levels = np.unique(pool)
-                chosen = levels[rng.random(len(levels)) < 0.5]
-                chosen = chosen if len(chosen) else levels[[rng.integers(len(levels))]]
-                for n in sides:
-                    masks[n] &= np.isin(values[c][n], chosen)
+                offered, n_levels = levels[c]
+                chosen = offered[rng.random(len(offered)) < 0.5]
+                chosen = chosen if len(chosen) else offered[[rng.integers(len(offered))]]
+                keep = np.zeros(n_levels, dtype=bool)
+                keep[chosen] = True
+                predicates = [keep[v] for v in values[c]]
             else:
-                finite = pool[np.isfinite(pool)]
-                low, high = np.sort(rng.choice(finite, size=2)) if len(finite) else (np.nan, np.nan)
-                for n in sides:
-                    masks[n] &= (values[c][n] >= low) & (values[c][n] <= high)
-        answers[q] = [masks["real"].mean(), masks["synthetic"].mean()]
+                pool = finite[c]
+                low, high = np.sort(rng.choice(pool, size=2)) if len(pool) else (np.nan, np.nan)
+                predicates = [(v >= low) & (v <= high) for v in values[c]]
+            masks = [m & p for m, p in zip(masks, predicates)]
+        answers[q] = [masks[0].mean(), masks[1].mean()]
     errors = np.abs(answers[:, 0] - answers[:, 1])
     return {
         "mean_abs_error": float(errors.mean()),
@@ -373,6 +376,10 @@ def _feature_metrics(
         }
 
 
+def _scores(y_true: np.ndarray, y_pred: np.ndarray) -> dict[str, float]:
+    return {"accuracy": accuracy_score(y_true, y_pred), "f1_macro": f1_score(y_true, y_pred, average="macro")}
+
+
 def _downstream(
     kind: str, train: tuple[Tensor, np.ndarray], test: tuple[Tensor, np.ndarray], *, epochs: int, seed: int
 ) -> dict[str, float]:
@@ -380,13 +387,12 @@ def _downstream(
     (x_tr, y_tr), (x_te, y_te) = train, test
     if kind == "cnn":
         n_classes = int(max(y_tr.max(), y_te.max())) + 1
-        pred = predict(train_feature_net(x_tr, y_tr, epochs=epochs, seed=seed, num_classes=n_classes), x_te)
-    elif kind == "logistic_regression":
-        model = LogisticRegression(max_iter=1000).fit(x_tr.flatten(1).numpy(), y_tr)
-        pred = model.predict(x_te.flatten(1).numpy())
-    else:
-        raise ValueError(f"Unknown downstream classifier {kind!r}; valid: ['cnn', 'logistic_regression']")
-    return {"accuracy": accuracy_score(y_te, pred), "f1_macro": f1_score(y_te, pred, average="macro")}
+        return _scores(
+            y_te,
+            predict(train_feature_net(x_tr, y_tr, epochs=epochs, seed=seed, num_classes=n_classes), x_te),
+        )
+    model = LogisticRegression(max_iter=1000).fit(x_tr.flatten(1).numpy(), y_tr)  # pixels, DP-MERF image LR
+    return _scores(y_te, model.predict(x_te.flatten(1).numpy()))
 
 
 def _subsample(images: Tensor, labels: np.ndarray | None, limit: int | None, seed: int) -> tuple[Tensor, Any]:
@@ -436,6 +442,9 @@ def image_fidelity(
         JSON-serialisable dict: ``feature_extractor`` (description), ``fid``, ``kid_mean``, ``kid_std``,
         ``reference`` (the same metrics for real training vs real test images), ``downstream``.
     """
+    unknown = sorted(set(downstream) - {"cnn", "logistic_regression"})
+    if unknown:
+        raise ValueError(f"Unknown downstream classifier(s) {unknown}; valid: ['cnn', 'logistic_regression']")
     train, test, syn = (as_image_batch(i) for i in (real_train_images, real_test_images, synthetic_images))
     if not (train.shape[1:] == test.shape[1:] == syn.shape[1:]):
         raise ValueError(f"image sizes differ: {train.shape[1:]}, {test.shape[1:]}, {syn.shape[1:]}")
@@ -483,10 +492,16 @@ def image_fidelity(
         result["downstream_skipped"] = "needs synthetic_labels and real_test_labels"
         downstream = ()
     test_set = (test, np.asarray(real_test_labels))
+    # the feature net is the real-data CNN reference when it was trained here on all the training images
+    reuse_net = feature_weights is None and real_test_labels is not None
+    reuse_net = reuse_net and (max_downstream_train is None or len(train) <= max_downstream_train)
     for kind in downstream:
         syn_set = _subsample(syn, np.asarray(synthetic_labels, dtype=np.int64), max_downstream_train, seed)
-        real_set = _subsample(train, y_train, max_downstream_train, seed)
         scores = _downstream(kind, syn_set, test_set, epochs=epochs, seed=seed)
-        real = _downstream(kind, real_set, test_set, epochs=epochs, seed=seed)
+        if kind == "cnn" and reuse_net:
+            real = _scores(test_set[1], predict(net, test))
+        else:
+            real_set = _subsample(train, y_train, max_downstream_train, seed)
+            real = _downstream(kind, real_set, test_set, epochs=epochs, seed=seed)
         result["downstream"][kind] = scores | {f"real_{k}": v for k, v in real.items()}
     return json_safe(result)

@@ -93,11 +93,9 @@ def _subsample(x: Tensor, max_samples: int | None, gen: torch.Generator, what: s
 
 
 def _as_float_tensor(a: Tensor | np.ndarray) -> Tensor:
-    t = (
-        a.detach()
-        if isinstance(a, Tensor)
-        else torch.as_tensor(np.asarray(a), dtype=torch.get_default_dtype())
-    )
+    t = a.detach() if isinstance(a, Tensor) else torch.as_tensor(np.asarray(a))
+    if not t.is_floating_point() or not isinstance(a, Tensor):
+        t = t.to(torch.get_default_dtype())  # arrays and integer tensors: the default float dtype
     return t.reshape(-1, 1) if t.ndim == 1 else t
 
 

@@ -260,7 +260,7 @@ def domias_attack(
     """
     pca = None
     if candidates.shape[1] > n_components:
-        pca = PCA(n_components=n_components, random_state=0).fit(reference)
+        pca = PCA(n_components=min(n_components, len(reference)), random_state=0).fit(reference)
         synthetic, candidates, reference = (pca.transform(a) for a in (synthetic, candidates, reference))
     log_syn, h_syn = gaussian_kde_logpdf(candidates, synthetic, bandwidth=bandwidth)
     log_ref, h_ref = gaussian_kde_logpdf(candidates, reference, bandwidth=bandwidth)
@@ -273,7 +273,7 @@ def shadow_attack(
     synthetic: np.ndarray,
     candidates: np.ndarray,
     reference: np.ndarray,
-    train_generator: TrainGenerator,
+    train_generator: TrainGenerator | None = None,
     n_shadow: int = 16,
     shadow_train_size: int | None = None,
     n_synthetic: int | None = None,
@@ -303,8 +303,11 @@ def shadow_attack(
         ``(scores, params)``.
 
     Raises:
-        ValueError: If ``n_shadow`` is odd or < 2, or ``shadow_train_size`` exceeds the reference set.
+        ValueError: If ``train_generator`` is missing, ``n_shadow`` is odd or < 2, or ``shadow_train_size``
+            exceeds the reference set.
     """
+    if train_generator is None:
+        raise ValueError("the shadow attack needs train_generator=callable(dataset) -> sampler(n)")
     if n_shadow < 2 or n_shadow % 2:
         raise ValueError(f"n_shadow must be even and >= 2, got {n_shadow}")
     size = len(reference) // 2 if shadow_train_size is None else shadow_train_size
@@ -315,7 +318,10 @@ def shadow_attack(
     n_c = len(candidates)
     # (K, n_c): each column holds exactly K/2 ones at random shadow indices
     inside = np.argsort(rng.random((n_shadow, n_c)), axis=0) < n_shadow // 2
-    takes_seed = "seed" in inspect.signature(train_generator).parameters
+    try:
+        takes_seed = "seed" in inspect.signature(train_generator).parameters
+    except (TypeError, ValueError):  # builtins and some C callables have no signature
+        takes_seed = False
     d_obs = distance_to_closest_record(candidates, synthetic)  # (n_c,)
     feats = np.empty((n_shadow, n_c))
     for k in range(n_shadow):
@@ -401,7 +407,8 @@ def run_attack(
     if min(len(arrays["members"]), len(arrays["non_members"])) == 0:
         raise ValueError("members and non_members must both be non-empty")
     candidates = np.concatenate([arrays["members"], arrays["non_members"]])
-    labels = np.r_[np.ones(len(members), dtype=np.int64), np.zeros(len(non_members), dtype=np.int64)]
+    n_in, n_out = len(arrays["members"]), len(arrays["non_members"])
+    labels = np.r_[np.ones(n_in, dtype=np.int64), np.zeros(n_out, dtype=np.int64)]
     scores, params = spec.fn(
         synthetic=arrays["synthetic"],
         candidates=candidates,

@@ -33,6 +33,7 @@ from sklearn.ensemble import (
     RandomForestClassifier,
     RandomForestRegressor,
 )
+from sklearn.exceptions import ConvergenceWarning
 from sklearn.impute import SimpleImputer
 from sklearn.linear_model import LinearRegression, LogisticRegression, Ridge
 from sklearn.metrics import (
@@ -57,22 +58,7 @@ ModelFactory = Callable[[int], BaseEstimator]
 MAX_CLASSES = 20  # a numeric label with more distinct values than this is treated as a regression target
 
 
-class ModelUnavailableError(ImportError):
-    """An optional model's library is not installed; the model is skipped, not failed."""
-
-
-def _boosting_model(kind: str, seed: int) -> BaseEstimator:
-    """XGBoost (the DP-MERF row), else LightGBM, else :class:`ModelUnavailableError`."""
-    for library, names in (("xgboost", "XGB"), ("lightgbm", "LGBM")):
-        try:
-            module = importlib.import_module(library)
-        except ImportError:
-            continue
-        extra = {"verbose": -1} if library == "lightgbm" else {}
-        return getattr(module, f"{names}{kind}")(random_state=seed, n_jobs=1, **extra)
-    raise ModelUnavailableError("neither xgboost nor lightgbm is importable")
-
-
+# ------------------------------------------------------------------------------------------- encoding
 MISSING = "__missing__"  # the category that NaN becomes in a categorical column
 
 
@@ -105,7 +91,13 @@ def category_strings(column: pd.Series) -> np.ndarray:
 
 def align_labels(labels: Sequence[pd.Series]) -> list[pd.Series]:
     """Give class labels from several sources one type: ints if all numeric and integral, else strings."""
-    numeric = all(pd.api.types.is_numeric_dtype(y) and not pd.api.types.is_bool_dtype(y) for y in labels)
+
+    def is_number(y: pd.Series) -> bool:
+        return pd.api.types.is_numeric_dtype(y) and not pd.api.types.is_bool_dtype(y)
+
+    if any(is_number(y) for y in labels):  # True/False next to 0/1 labels means 1/0
+        labels = [y.astype(np.int64) if pd.api.types.is_bool_dtype(y) else y for y in labels]
+    numeric = all(is_number(y) for y in labels)
     if numeric and all(np.all(y.to_numpy(float) == np.round(y.to_numpy(float))) for y in labels):
         return [y.astype(np.int64) for y in labels]
     if numeric:
@@ -158,6 +150,23 @@ def fit_feature_encoder(data: pd.DataFrame, *, categorical: Sequence[str] | None
     return encoder
 
 
+# ------------------------------------------------------------------------------------------- registry
+class ModelUnavailableError(ImportError):
+    """An optional model's library is not installed; the model is skipped, not failed."""
+
+
+def _boosting_model(kind: str, seed: int) -> BaseEstimator:
+    """XGBoost (the DP-MERF row), else LightGBM, else :class:`ModelUnavailableError`."""
+    for library, names in (("xgboost", "XGB"), ("lightgbm", "LGBM")):
+        try:
+            module = importlib.import_module(library)
+        except ImportError:
+            continue
+        extra = {"verbose": -1} if library == "lightgbm" else {}
+        return getattr(module, f"{names}{kind}")(random_state=seed, n_jobs=1, **extra)
+    raise ModelUnavailableError("neither xgboost nor lightgbm is importable")
+
+
 # DP-MERF §5 tabular settings [C]; AdaBoost is SAMME (SAMME.R was removed from scikit-learn).
 CLASSIFIERS: dict[str, ModelFactory] = {
     "logistic_regression": lambda s: LogisticRegression(solver="lbfgs", max_iter=2000),
@@ -175,7 +184,12 @@ CLASSIFIERS: dict[str, ModelFactory] = {
     "svc": lambda s: SVC(random_state=s),  # bias-mitigation §4.1 downstream set
 }
 
-_scaled = lambda model: TransformedTargetRegressor(regressor=model, transformer=StandardScaler())  # noqa: E731
+
+def _scaled(model: BaseEstimator) -> TransformedTargetRegressor:
+    """Fit on a standardised target (MLPs need it; a no-op for the others' predictions)."""
+    return TransformedTargetRegressor(regressor=model, transformer=StandardScaler())
+
+
 REGRESSORS: dict[str, ModelFactory] = {
     "linear_regression": lambda s: _scaled(LinearRegression()),
     "ridge": lambda s: _scaled(Ridge()),
@@ -344,8 +358,9 @@ def _fit_and_score(
 ) -> dict[str, float]:
     """Fit one model on the encoded training side and score it on the real test side."""
     fit_kwargs = {}
+    inner = model.regressor if isinstance(model, TransformedTargetRegressor) else model
     if data["sample_weight"] is not None:
-        if has_fit_parameter(model, "sample_weight"):
+        if has_fit_parameter(inner, "sample_weight"):
             fit_kwargs["sample_weight"] = data["sample_weight"]
         else:
             data["warnings"].append(f"{name}: does not accept sample_weight; fitted unweighted")
@@ -353,19 +368,19 @@ def _fit_and_score(
         warnings.simplefilter("always")
         model.fit(data["x_train"], data["y_train"], **fit_kwargs)
         prediction = model.predict(data["x_test"])
-        if task == "regression":
-            return {
-                "r2": r2_score(data["y_test"], prediction),
-                "mse": mean_squared_error(data["y_test"], prediction),
-            }
-        codes = (
-            data["label_encoder"].transform([pos_label])
-            if pos_label in data["label_encoder"].classes_
-            else []
-        )
-        scores = _positive_scores(model, data["x_test"], int(codes[0]) if len(codes) else None)
-    for message in {f"{w.category.__name__}" for w in caught}:
-        logger.debug("%s raised %s while fitting", name, message)
+        scores = None
+        if task == "binary" and pos_label in data["label_encoder"].classes_:
+            pos_code = int(data["label_encoder"].transform([pos_label])[0])
+            scores = _positive_scores(model, data["x_test"], pos_code)
+    for category in sorted(
+        {w.category.__name__ for w in caught if issubclass(w.category, ConvergenceWarning)}
+    ):
+        data["warnings"].append(f"{name}: {category} while fitting")
+    if task == "regression":
+        return {
+            "r2": r2_score(data["y_test"], prediction),
+            "mse": mean_squared_error(data["y_test"], prediction),
+        }
     y_pred = data["label_encoder"].inverse_transform(np.asarray(prediction, dtype=int))
     return classification_metrics(data["y_test"], y_pred, task=task, pos_label=pos_label, scores=scores)
 

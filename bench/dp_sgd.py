@@ -27,13 +27,15 @@ from torch import Tensor, nn
 from lightning_dp.privacy.clipping import PerSampleClipper, add_noise
 
 SIGMA, C = 1.0, 1.0
-METHODS = ("plain", "fast", "opacus-hooks", "opacus-functorch", "opacus-ghost")
+METHODS = ("plain", "fast-clip", "fast", "opacus-hooks", "opacus-functorch", "opacus-ghost")
 Step = Callable[[], None]
 
 
 def mlp() -> nn.Module:
     """Tabular discriminator: 108 -> 256 -> 256 -> 1."""
-    return nn.Sequential(nn.Linear(108, 256), nn.LeakyReLU(0.2), nn.Linear(256, 256), nn.LeakyReLU(0.2), nn.Linear(256, 1))
+    return nn.Sequential(
+        nn.Linear(108, 256), nn.LeakyReLU(0.2), nn.Linear(256, 256), nn.LeakyReLU(0.2), nn.Linear(256, 1)
+    )
 
 
 def convnet() -> nn.Module:
@@ -69,13 +71,15 @@ def make_step(method: str, case: str, device: torch.device) -> Step:
             optimizer.zero_grad(set_to_none=True)
 
         return step
-    if method == "fast":
+    if method.startswith("fast"):  # "fast-clip": the clipping engine alone, no noise
         clipper = PerSampleClipper(model, max_grad_norm=C)
         params = list(clipper.params)
+        sigma = SIGMA if method == "fast" else 0.0
 
         def step() -> None:
             clipper.backward(per_sample(model(x).squeeze(1), y))
-            noisy = add_noise([p.grad for p in params], noise_multiplier=SIGMA, max_grad_norm=C)
+            grads = [p.grad for p in params]
+            noisy = add_noise(grads, noise_multiplier=sigma, max_grad_norm=C) if sigma > 0 else grads
             for p, g in zip(params, noisy):
                 p.grad = g.div_(batch)  # divided by the expected batch size
             optimizer.step()
@@ -85,7 +89,9 @@ def make_step(method: str, case: str, device: torch.device) -> Step:
     return _opacus_step(method, model, optimizer, x, y, batch)
 
 
-def _opacus_step(method: str, model: nn.Module, optimizer: torch.optim.Optimizer, x: Tensor, y: Tensor, batch: int) -> Step:
+def _opacus_step(
+    method: str, model: nn.Module, optimizer: torch.optim.Optimizer, x: Tensor, y: Tensor, batch: int
+) -> Step:
     from opacus import PrivacyEngine
 
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x.cpu(), y.cpu()), batch_size=batch)
@@ -117,8 +123,10 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
-def time_methods(case: str, methods: list[str], device: torch.device, steps: int, warmup: int, block: int) -> dict[str, float]:
-    """Median seconds per step of each method, measured round-robin in blocks."""
+def time_methods(
+    case: str, methods: list[str], device: torch.device, steps: int, warmup: int, block: int
+) -> dict[str, tuple[float, float]]:
+    """(median, min) seconds per step of each method, measured round-robin in blocks."""
     runners, times = {}, {m: [] for m in methods}
     for m in methods:
         try:
@@ -136,11 +144,12 @@ def time_methods(case: str, methods: list[str], device: torch.device, steps: int
                 run()
                 _sync(device)
                 times[m].append(time.perf_counter() - t0)
-    return {m: statistics.median(times[m]) for m in runners}
+    return {m: (statistics.median(times[m]), min(times[m])) for m in runners}
 
 
-def _peak_worker(method: str, case: str, device_name: str, steps: int, queue: mp.Queue) -> None:
+def _peak_worker(method: str, case: str, device_name: str, threads: int, steps: int, queue: mp.Queue) -> None:
     warnings.filterwarnings("ignore")
+    torch.set_num_threads(threads)
     device = torch.device(device_name)
     try:
         step = make_step(method, case, device)
@@ -163,10 +172,11 @@ def _peak_worker(method: str, case: str, device_name: str, steps: int, queue: mp
 
 
 def peak_memory(method: str, case: str, device: torch.device, steps: int = 5) -> float | None:
-    """Peak extra bytes of a few steps of one method, in a fresh process."""
+    """Peak extra bytes of a few steps of one method, in a fresh process (None if it failed)."""
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    proc = ctx.Process(target=_peak_worker, args=(method, case, str(device), steps, queue))
+    args = (method, case, str(device), torch.get_num_threads(), steps, queue)
+    proc = ctx.Process(target=_peak_worker, args=args)
     proc.start()
     result = queue.get()
     proc.join()
@@ -174,28 +184,43 @@ def peak_memory(method: str, case: str, device: torch.device, steps: int = 5) ->
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--block", type=int, default=5)
     parser.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
+    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     parser.add_argument("--no-memory", action="store_true")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     warnings.filterwarnings("ignore")
     device = torch.device(args.device)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     methods = ["plain", *[m for m in args.methods if m != "plain"]]
     mem_kind = "cuda max_memory_allocated" if device.type == "cuda" else "ru_maxrss increase"
-    print(f"torch {torch.__version__}, device {device}, threads {torch.get_num_threads()}, sigma={SIGMA}, C={C}")
-    print(f"{'case':<6}{'method':<18}{'ms/step':>9}{'x plain':>9}{'peak MiB':>10}   ({mem_kind}, separate process)")
+    print(
+        f"torch {torch.__version__}, device {device}, threads {torch.get_num_threads()}, sigma={SIGMA}, C={C}"
+    )
+    print(f"peak memory: {mem_kind} over the model+data baseline, one fresh process per method")
+    header = (
+        f"{'case':<6}{'method':<18}{'median ms':>10}{'x plain':>9}{'min ms':>9}{'x plain':>9}{'peak MiB':>10}"
+    )
+    print(header)
+    print("-" * len(header))
     for case in args.cases:
-        medians = time_methods(case, methods, device, args.steps, args.warmup, args.block)
-        for m, t in medians.items():
+        stats = time_methods(case, methods, device, args.steps, args.warmup, args.block)
+        (med0, min0) = stats["plain"]
+        for m, (med, fastest) in stats.items():
             peak = None if args.no_memory else peak_memory(m, case, device)
             mem = "n/a" if peak is None else f"{peak / 2**20:.1f}"
-            print(f"{case:<6}{m:<18}{t * 1e3:>9.3f}{t / medians['plain']:>9.2f}{mem:>10}")
+            print(
+                f"{case:<6}{m:<18}{med * 1e3:>10.3f}{med / med0:>9.2f}{fastest * 1e3:>9.3f}{fastest / min0:>9.2f}{mem:>10}"
+            )
 
 
 if __name__ == "__main__":

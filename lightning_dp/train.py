@@ -128,12 +128,17 @@ def write_samples(model: torch.nn.Module, data_state: dict[str, Any], n: int, st
     stem = Path(stem)
     if data_state["kind"] == "image":
         path = stem.with_suffix(".npz")
-        atomic_write(path, lambda tmp: np.savez_compressed(open(tmp, "wb"), **decoded))
+        atomic_write(path, lambda tmp: _savez(tmp, decoded))
         save_image_grid(decoded["images"], decoded["labels"], stem.with_suffix(".png"))
         return str(path)
     path = stem.with_suffix(suffix or ".csv")
     write_table(decoded, path)
     return str(path)
+
+
+def _savez(path: str, arrays: dict[str, np.ndarray]) -> None:
+    with open(path, "wb") as f:  # a file object: np.savez would append ".npz" to a temporary name
+        np.savez_compressed(f, **arrays)
 
 
 def sample_in_chunks(model: Any, n: int, *, seed: int | None = None, chunk: int = 50_000) -> tuple[torch.Tensor, torch.Tensor]:

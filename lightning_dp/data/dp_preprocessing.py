@@ -38,10 +38,16 @@ def candidate_grid() -> np.ndarray:
 
 def dp_quantile(values: np.ndarray, q: float, *, epsilon: float, generator: torch.Generator,
                 grid: np.ndarray | None = None) -> float:
-    """ε-DP q-quantile of ``values`` over a public grid (exponential mechanism, Δu = 1)."""
+    """ε-DP q-quantile of ``values`` over a public grid (exponential mechanism, Δu = 1).
+
+    Every candidate beyond the data ties (same count), and a wide grid has many of them; a
+    data-independent penalty of 2/ε per grid step toward the outside (for q > 1/2; toward the inside
+    otherwise) breaks these ties in favour of the tightest bound without changing the sensitivity.
+    """
     grid = candidate_grid() if grid is None else grid
     below = np.searchsorted(np.sort(values), grid, side="left")  # #{x < c} per candidate
-    utility = -np.abs(below - q * len(values))
+    steps = np.arange(len(grid)) if q > 0.5 else np.arange(len(grid))[::-1]
+    utility = -np.abs(below - q * len(values)) - (2.0 / epsilon) * steps
     return float(grid[mech.exponential_mechanism(torch.from_numpy(utility), epsilon=epsilon, sensitivity=1.0,
                                                  generator=generator)])
 

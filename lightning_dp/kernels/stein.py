@@ -168,7 +168,7 @@ def median_bandwidth(x: Tensor, *, pairs: str = "all", max_samples: int = 1000) 
         d2 = torch.cdist(xs, xs).square()[iu[0], iu[1]]
     else:
         raise ValueError(f"pairs must be 'all' or 'linear', got {pairs!r}")
-    med = d2.median()
+    med = d2.quantile(0.5)  # the midpoint median (torch.median returns the lower one)
     return torch.where(med > 0, med, torch.ones_like(med))
 
 

@@ -24,5 +24,5 @@ def build_model(model_cfg: DictConfig | dict[str, Any], layout: dict[str, Any]) 
     cfg = OmegaConf.create(model_cfg) if isinstance(model_cfg, dict) else model_cfg
     if cfg.name not in MODELS:
         raise ValueError(f"Unknown model {cfg.name!r}; valid: {', '.join(MODELS)}. Pick one with model=NAME.")
-    net = instantiate(cfg.generator, **layout)
-    return instantiate(cfg.module, generator=net, **layout)
+    net = instantiate(cfg.generator, _convert_="all", **layout)
+    return instantiate(cfg.module, generator=net, _convert_="all", **layout)

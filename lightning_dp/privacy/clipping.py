@@ -124,6 +124,8 @@ def add_noise(
             f"need noise_multiplier >= 0 and max_grad_norm > 0, got {noise_multiplier}, {max_grad_norm}"
         )
     std = noise_multiplier * max_grad_norm
+    if std == 0:
+        return [g.clone() for g in grads]
     return [
         g + torch.normal(0.0, std, g.shape, generator=generator, device=g.device, dtype=g.dtype)
         for g in grads

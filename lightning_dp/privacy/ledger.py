@@ -240,7 +240,7 @@ class PrivacyLedger:
             BudgetExceededError: even ``high`` noise would exceed ε (the budget is already spent).
         """
         goal = self.target_epsilon if epsilon is None else float(epsilon)
-        if self.epsilon_if(planned(high)) > goal:
+        if self.spent >= goal * (1 - 1e-3) or self.epsilon_if(planned(high)) > goal:
             raise BudgetExceededError(
                 f"The privacy budget is already spent: ε={self.spent:.4g} of target {self.target_epsilon:g} "
                 f"(δ={self.delta:g}), and the planned releases cannot fit in ε={goal:.4g} at any noise level. "

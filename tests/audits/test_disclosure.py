@@ -5,8 +5,19 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 
-from audits.disclosure import attribute_disclosure, presence_disclosure, presence_curve
+from audits.disclosure import attribute_disclosure, presence_curve, presence_disclosure
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _single_thread():
+    """Many tiny tensor ops: one intra-op thread avoids OpenMP spin overhead (large on a busy 2-core box)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
 
 # ---------------------------------------------------------------------------------------------- presence
 # 1-D toy (already numeric, so no encoder): synthetic {0, 10}
@@ -80,10 +91,17 @@ def test_presence_on_dataframes_uses_the_encoder():
 # --------------------------------------------------------------------------------------------- attribute
 # Known: age (numeric, min-max over the real candidates 30..70 -> /40) and sex (one-hot, mismatch = √2).
 # Unknown: bp (numeric) and smoker (categorical).
-MEMBERS = pd.DataFrame({"age": [30, 50, 70], "sex": ["F", "M", "F"], "bp": [120.0, 140, 100], "smoker": ["no", "yes", "no"]})
+MEMBERS = pd.DataFrame(
+    {"age": [30, 50, 70], "sex": ["F", "M", "F"], "bp": [120.0, 140, 100], "smoker": ["no", "yes", "no"]}
+)
 NON_MEMBERS = pd.DataFrame({"age": [40, 50], "sex": ["F", "M"], "bp": [130.0, 150], "smoker": ["no", "no"]})
 SYNTHETIC = pd.DataFrame(
-    {"age": [31, 49, 69, 60], "sex": ["F", "M", "M", "F"], "bp": [123.0, 150, 101, 98], "smoker": ["no", "yes", "yes", "yes"]}
+    {
+        "age": [31, 49, 69, 60],
+        "sex": ["F", "M", "M", "F"],
+        "bp": [123.0, 150, 101, 98],
+        "smoker": ["no", "yes", "yes", "yes"],
+    }
 )
 BASELINE = pd.DataFrame({"age": [30, 70], "sex": ["F", "M"], "bp": [100.0, 140], "smoker": ["yes", "no"]})
 KW = {"known_columns": ["age", "sex"], "numeric_columns": ["age", "bp"]}

@@ -15,6 +15,15 @@ from audits.distances import (
 )
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _single_thread():
+    """Many tiny tensor ops: one intra-op thread avoids OpenMP spin overhead (large on a busy 2-core box)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 @pytest.fixture(scope="module")
 def data() -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(0)
@@ -72,7 +81,9 @@ def test_gaussian_kernel_logsumexp(data):
 
 
 def test_encoder_hand_example():
-    ref = pd.DataFrame({"a": [1.0, 2.0, np.nan, 4.0], "b": ["x", "y", None, "x"], "c": [True, False, True, True]})
+    ref = pd.DataFrame(
+        {"a": [1.0, 2.0, np.nan, 4.0], "b": ["x", "y", None, "x"], "c": [True, False, True, True]}
+    )
     enc = TabularEncoder().fit(ref)
     assert enc.feature_names_ == ["a", "a__nan", "b=x", "b=y", "b=NaN", "c=False", "c=True"]
     # a: min 1, range 3; NaN -> mean 7/3 scaled = (7/3 - 1)/3 = 4/9, with indicator 1

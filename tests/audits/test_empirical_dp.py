@@ -17,7 +17,9 @@ def _gaussian_sum_mechanism(sigma: float, with_canary: bool):
     data = np.random.default_rng(123).uniform(size=100)
 
     def run(seed: int) -> float:
-        return float(data.sum() + (1.0 if with_canary else 0.0) + sigma * np.random.default_rng(seed).normal())
+        return float(
+            data.sum() + (1.0 if with_canary else 0.0) + sigma * np.random.default_rng(seed).normal()
+        )
 
     return run
 
@@ -26,7 +28,9 @@ def _true_epsilon(sigma: float, delta: float) -> float:
     """Tight ε of the Gaussian mechanism with sensitivity 1 (Balle & Wang 2018, Thm. 8)."""
 
     def gap(eps: float) -> float:
-        return norm.cdf(0.5 / sigma - eps * sigma) - math.exp(eps) * norm.cdf(-0.5 / sigma - eps * sigma) - delta
+        return (
+            norm.cdf(0.5 / sigma - eps * sigma) - math.exp(eps) * norm.cdf(-0.5 / sigma - eps * sigma) - delta
+        )
 
     return brentq(gap, 0.0, 100.0)
 
@@ -48,16 +52,25 @@ def test_epsilon_lower_bound_by_hand():
     # no errors in 100 + 100 runs: FPR_ub = FNR_ub = 1 - 0.025^(1/100) = 0.0362167
     ub = 1 - 0.025 ** (1 / 100)
     want = math.log((1 - DELTA - ub) / ub)  # = log(0.963773 / 0.0362167) = 3.28134
-    got = epsilon_lower_bound(false_positives=0, false_negatives=0, n_negatives=100, n_positives=100, delta=DELTA)
+    got = epsilon_lower_bound(
+        false_positives=0, false_negatives=0, n_negatives=100, n_positives=100, delta=DELTA
+    )
     assert got == pytest.approx(want, rel=1e-12)
     assert got == pytest.approx(3.28134, abs=1e-5)
     # a coin flip gives nothing
-    assert epsilon_lower_bound(false_positives=50, false_negatives=50, n_negatives=100, n_positives=100, delta=DELTA) == 0.0
+    assert (
+        epsilon_lower_bound(
+            false_positives=50, false_negatives=50, n_negatives=100, n_positives=100, delta=DELTA
+        )
+        == 0.0
+    )
     # asymmetric errors: the second inequality (1 - δ - FPR) / FNR can be the binding one
     fpr_ub = clopper_pearson(30, 100)[1]
     fnr_ub = clopper_pearson(0, 100)[1]
     want = max(math.log((1 - DELTA - fnr_ub) / fpr_ub), math.log((1 - DELTA - fpr_ub) / fnr_ub))
-    got = epsilon_lower_bound(false_positives=30, false_negatives=0, n_negatives=100, n_positives=100, delta=DELTA)
+    got = epsilon_lower_bound(
+        false_positives=30, false_negatives=0, n_negatives=100, n_positives=100, delta=DELTA
+    )
     assert got == pytest.approx(want)
     with pytest.raises(ValueError, match="delta"):
         epsilon_lower_bound(false_positives=0, false_negatives=0, n_negatives=1, n_positives=1, delta=1.0)

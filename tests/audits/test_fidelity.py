@@ -42,6 +42,15 @@ def _table(n: int, *, seed: int, age_shift: float = 0.0) -> pd.DataFrame:
     return df
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread():
+    """The nets are tiny: one thread is faster than two contending ones on a busy 2-core machine."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="module")
 def real() -> pd.DataFrame:
     return _table(2000, seed=0)

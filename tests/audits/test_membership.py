@@ -4,9 +4,20 @@ import json
 
 import numpy as np
 import pytest
+import torch
 from sklearn.metrics import roc_auc_score
 
 from audits.membership import ATTACKS, evaluate_scores, roc_auc, run_attack, tpr_at_fpr
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _single_thread():
+    """Many tiny tensor ops: one intra-op thread avoids OpenMP spin overhead (large on a busy 2-core box)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
 
 D = 10
 N = 400
@@ -38,7 +49,9 @@ def _fresh_generator(dataset: np.ndarray, seed: int):
 
 def _memorising_generator(dataset: np.ndarray, seed: int):
     rng = np.random.default_rng(10_000 + seed)
-    return lambda n: dataset[rng.permutation(len(dataset))[:n]] + 1e-3 * rng.normal(size=(min(n, len(dataset)), D))
+    return lambda n: (
+        dataset[rng.permutation(len(dataset))[:n]] + 1e-3 * rng.normal(size=(min(n, len(dataset)), D))
+    )
 
 
 def _kwargs(name: str, memorised: bool) -> dict:
@@ -87,9 +100,15 @@ def test_result_and_registry(sets):
     with pytest.raises(ValueError, match=r"valid names: \['dcr', 'dcr_ratio', 'domias', 'shadow'\]"):
         run_attack("loss", synthetic=sets["fresh"], members=sets["members"], non_members=sets["non_members"])
     with pytest.raises(ValueError, match="reference"):
-        run_attack("domias", synthetic=sets["fresh"], members=sets["members"], non_members=sets["non_members"])
+        run_attack(
+            "domias", synthetic=sets["fresh"], members=sets["members"], non_members=sets["non_members"]
+        )
+    with pytest.raises(ValueError, match="train_generator"):
+        run_attack("shadow", synthetic=sets["fresh"], members=sets["members"], non_members=sets["non_members"], reference=sets["reference"])
     with pytest.raises(ValueError, match="same number of features"):
-        run_attack("dcr", synthetic=sets["fresh"][:, :3], members=sets["members"], non_members=sets["non_members"])
+        run_attack(
+            "dcr", synthetic=sets["fresh"][:, :3], members=sets["members"], non_members=sets["non_members"]
+        )
 
 
 def test_metrics_by_hand():

@@ -1,0 +1,34 @@
+"""Shared fixtures: the real config composed and shrunk, and the optional shared data sets."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED_DATA = ROOT.parent / "shared" / "data"
+
+TINY = [
+    "trainer.max_epochs=1",
+    "trainer.enable_progress_bar=false",
+    "model.module.steps_per_epoch=5",
+    "model.module.num_features=200",
+    "model.module.batch_size=200",
+]
+
+
+def make_cfg(tmp_path: Path, *overrides: str) -> DictConfig:
+    """The project's real config with tiny training and ``output_dir`` in ``tmp_path``."""
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
+        return compose("train", overrides=[*TINY, f"output_dir={tmp_path}", *overrides])
+
+
+def shared(*parts: str) -> Path:
+    """A path in ../shared/data, or skip the test when it is absent."""
+    path = SHARED_DATA.joinpath(*parts)
+    if not path.exists():
+        pytest.skip(f"shared data set not available at {path}")
+    return path
