@@ -176,9 +176,8 @@ def _impute(source: pd.DataFrame, idx: np.ndarray, col: str, numeric: bool) -> n
             return np.nanmean(vals, axis=1)  # (n,)
     codes, uniques = pd.factorize(source[col])  # NaN -> -1
     nc = codes[idx]  # (n, k)
-    votes = (
-        (nc[:, :, None] == nc[:, None, :]).sum(2).astype(float)
-    )  # (n, k): votes for neighbour j's category
+    # votes[i, j] = how many of row i's k neighbours share neighbour j's category
+    votes = (nc[:, :, None] == nc[:, None, :]).sum(2).astype(float)  # (n, k)
     votes[nc < 0] = -1.0  # NaN neighbours never win over a category
     best = nc[np.arange(len(nc)), votes.argmax(1)]  # argmax takes the first (= nearest) tied neighbour
     return np.array([uniques[c] if c >= 0 else None for c in best], dtype=object)
@@ -243,8 +242,8 @@ def _attribute_summary(
         tp = int((guess & true).sum())
         out["medgan"] = {
             "columns": list(binary),
-            "sensitivity": tp / true.sum() if true.sum() else None,
-            "precision": tp / guess.sum() if guess.sum() else None,
+            "sensitivity": float(tp / true.sum()) if true.sum() else None,
+            "precision": float(tp / guess.sum()) if guess.sum() else None,
         }
     else:
         out["medgan"] = None

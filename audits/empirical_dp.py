@@ -16,7 +16,6 @@ evaluates on the second half.
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
@@ -50,6 +49,26 @@ def clopper_pearson(successes: int, trials: int, *, confidence: float = 0.95) ->
     return lo, hi
 
 
+def _cp_upper(k: np.ndarray, n: int, confidence: float) -> np.ndarray:
+    """Vectorised upper end of the two-sided Clopper–Pearson interval."""
+    a = (1.0 - confidence) / 2.0
+    with np.errstate(invalid="ignore"):
+        return np.where(k >= n, 1.0, beta.ppf(1.0 - a, k + 1, np.maximum(n - k, 1)))
+
+
+def _epsilon_from_counts(
+    fp: np.ndarray, fn: np.ndarray, n_neg: int, n_pos: int, delta: float, confidence: float
+) -> np.ndarray:
+    """Vectorised ε lower bound for arrays of (FP, FN) counts."""
+    fpr_ub, fnr_ub = _cp_upper(fp, n_neg, confidence), _cp_upper(fn, n_pos, confidence)
+    best = np.zeros(np.broadcast(fpr_ub, fnr_ub).shape)
+    for num, den in ((1.0 - delta - fnr_ub, fpr_ub), (1.0 - delta - fpr_ub, fnr_ub)):
+        ok = (num > 0.0) & (den > 0.0)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            best = np.where(ok, np.maximum(best, np.log(np.where(ok, num / den, 1.0))), best)
+    return best
+
+
 def epsilon_lower_bound(
     *,
     false_positives: int,
@@ -74,23 +93,24 @@ def epsilon_lower_bound(
         >= ``confidence``.
 
     Raises:
-        ValueError: If δ is out of range or the counts are inconsistent.
+        ValueError: If δ or the confidence is out of range or the counts are inconsistent.
     """
     if not 0.0 <= delta < 1.0:
         raise ValueError(f"delta must be in [0, 1), got {delta}")
-    fpr_ub = clopper_pearson(false_positives, n_negatives, confidence=confidence)[1]
-    fnr_ub = clopper_pearson(false_negatives, n_positives, confidence=confidence)[1]
-    best = 0.0
-    for num, den in ((1.0 - delta - fnr_ub, fpr_ub), (1.0 - delta - fpr_ub, fnr_ub)):
-        if num > 0.0 and den > 0.0:
-            best = max(best, math.log(num / den))
-    return best
+    clopper_pearson(false_positives, n_negatives, confidence=confidence)  # validates the arguments
+    clopper_pearson(false_negatives, n_positives, confidence=confidence)
+    fp, fn = np.asarray(false_positives), np.asarray(false_negatives)
+    return float(_epsilon_from_counts(fp, fn, n_negatives, n_positives, delta, confidence))
 
 
-def _counts(with_scores: np.ndarray, without_scores: np.ndarray, t: float, sign: int) -> tuple[int, int]:
-    """(FP, FN) of the rule "flag canary iff sign * score >= sign * t"."""
-    fp = int((sign * without_scores >= sign * t).sum())
-    fn = int((sign * with_scores < sign * t).sum())
+def _counts(
+    with_scores: np.ndarray, without_scores: np.ndarray, t: np.ndarray, sign: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """(FP, FN) of the rule "flag canary iff sign * score >= sign * t", for an array of thresholds t."""
+    w, wo = np.sort(sign * with_scores), np.sort(sign * without_scores)
+    st = sign * np.asarray(t, dtype=np.float64)
+    fp = len(wo) - np.searchsorted(wo, st, side="left")  # without-canary runs flagged
+    fn = np.searchsorted(w, st, side="left")  # with-canary runs not flagged
     return fp, fn
 
 
@@ -111,20 +131,14 @@ def select_threshold(
     Returns:
         ``(threshold, sign, epsilon)``: the rule flags the canary iff ``sign * score >= sign * threshold``.
     """
-    best = (float(np.median(np.r_[with_scores, without_scores])), 1, 0.0)
+    grid = np.unique(np.r_[with_scores, without_scores])
+    best = (float(np.median(grid)), 1, 0.0)
     for sign in (1, -1):
-        for t in np.unique(np.r_[with_scores, without_scores]):
-            fp, fn = _counts(with_scores, without_scores, float(t), sign)
-            eps = epsilon_lower_bound(
-                false_positives=fp,
-                false_negatives=fn,
-                n_negatives=len(without_scores),
-                n_positives=len(with_scores),
-                delta=delta,
-                confidence=confidence,
-            )
-            if eps > best[2]:
-                best = (float(t), sign, eps)
+        fp, fn = _counts(with_scores, without_scores, grid, sign)
+        eps = _epsilon_from_counts(fp, fn, len(without_scores), len(with_scores), delta, confidence)
+        i = int(np.argmax(eps))
+        if eps[i] > best[2]:
+            best = (float(grid[i]), sign, float(eps[i]))
     return best
 
 
@@ -198,7 +212,8 @@ def audit_mechanism(
     wo = np.array([float(run_without_canary(seed + trials + i)) for i in range(trials)])
     h = trials // 2
     t, sign, sel_eps = select_threshold(w[:h], wo[:h], delta=delta, confidence=confidence)
-    fp, fn = _counts(w[h:], wo[h:], t, sign)
+    fp_arr, fn_arr = _counts(w[h:], wo[h:], np.array([t]), sign)
+    fp, fn = int(fp_arr[0]), int(fn_arr[0])
     eps = epsilon_lower_bound(
         false_positives=fp,
         false_negatives=fn,

@@ -376,6 +376,45 @@ def _feature_metrics(
         }
 
 
+def _feature_net(
+    train: Tensor,
+    train_labels: np.ndarray,
+    test: Tensor,
+    test_labels: np.ndarray | None,
+    *,
+    weights: str | None,
+    epochs: int,
+    seed: int,
+) -> tuple[FeatureNet, str]:
+    """Load the user's feature net, or train one on the real training images; describe it."""
+    if weights is not None:
+        return load_feature_net(weights), f"user weights: {weights}"
+    if test_labels is not None:
+        fit, held, where = (train, train_labels), (test, test_labels), "real test"
+    else:  # no labelled test images: hold out 10% of the training images
+        order = np.random.default_rng(seed).permutation(len(train))
+        fit_idx, held_idx = order[len(train) // 10 :], order[: len(train) // 10]
+        fit, held = (train[fit_idx], train_labels[fit_idx]), (train[held_idx], train_labels[held_idx])
+        where = "10% of real train"
+    net = train_feature_net(*fit, epochs=epochs, seed=seed)
+    acc = float(np.mean(predict(net, held[0]) == held[1]))
+    description = (
+        f"small CNN trained on real training split, {len(fit[0])} images, acc {acc:.3f} on held-out "
+        f"({where}, {len(held[0])} images)"
+    )
+    return net, description
+
+
+def _real_floor(
+    net: FeatureNet, test: Tensor, *, seed: int, subsets: int, subset_size: int
+) -> dict[str, Any]:
+    """FID/KID between two random halves of the real test images (both unseen by the feature net)."""
+    order = torch.from_numpy(np.random.default_rng(seed).permutation(len(test)))
+    half_a, half_b = test[order[: len(test) // 2]], test[order[len(test) // 2 :]]
+    out = _feature_metrics(net, half_a, half_b, subsets=subsets, subset_size=subset_size, seed=seed)
+    return out | {"sets": f"two halves of the real test images ({len(half_a)} vs {len(half_b)})"}
+
+
 def _scores(y_true: np.ndarray, y_pred: np.ndarray) -> dict[str, float]:
     return {"accuracy": accuracy_score(y_true, y_pred), "f1_macro": f1_score(y_true, y_pred, average="macro")}
 
@@ -440,7 +479,8 @@ def image_fidelity(
 
     Returns:
         JSON-serialisable dict: ``feature_extractor`` (description), ``fid``, ``kid_mean``, ``kid_std``,
-        ``reference`` (the same metrics for real training vs real test images), ``downstream``.
+        ``reference`` (the same metrics between two disjoint halves of the real test images: a noise floor;
+        training images are not used because the feature net has seen them), ``downstream``.
     """
     unknown = sorted(set(downstream) - {"cnn", "logistic_regression"})
     if unknown:
@@ -452,46 +492,23 @@ def image_fidelity(
         if images.min() < 0 or images.max() > 1:
             logger.warning("%s images are outside [0, 1]; FID/KID assume [0, 1] pixels", name)
     y_train = np.asarray(real_train_labels, dtype=np.int64)
-    if feature_weights is not None:
-        net, description = load_feature_net(feature_weights), f"user weights: {feature_weights}"
-    else:
-        if real_test_labels is not None:
-            fit_x, fit_y, held_x, held_y, held = (
-                train,
-                y_train,
-                test,
-                np.asarray(real_test_labels),
-                "real test",
-            )
-        else:
-            cut = np.random.default_rng(seed).permutation(len(train))
-            fit_idx, held_idx = cut[len(train) // 10 :], cut[: len(train) // 10]
-            fit_x, fit_y, held_x, held_y = (
-                train[fit_idx],
-                y_train[fit_idx],
-                train[held_idx],
-                y_train[held_idx],
-            )
-            held = "10% of real train"
-        net = train_feature_net(fit_x, fit_y, epochs=epochs, seed=seed)
-        acc = float(np.mean(predict(net, held_x) == held_y))
-        description = (
-            f"small CNN trained on real training split, {len(fit_x)} images, acc {acc:.3f} on held-out "
-            f"({held}, {len(held_x)} images)"
-        )
+    test_labels = None if real_test_labels is None else np.asarray(real_test_labels, dtype=np.int64)
+    net, description = _feature_net(
+        train, y_train, test, test_labels, weights=feature_weights, epochs=epochs, seed=seed
+    )
     kid_args = {"subsets": kid_subsets, "subset_size": kid_subset_size, "seed": seed}
     result: dict[str, Any] = {
         "feature_extractor": description,
         "feature_dim": net.num_features,
         "n_images": {"real_train": len(train), "real_test": len(test), "synthetic": len(syn)},
         **_feature_metrics(net, test, syn, **kid_args),
-        "reference": _feature_metrics(net, test, train, **kid_args),
+        "reference": _real_floor(net, test, **kid_args),
         "downstream": {},
     }
     if synthetic_labels is None or real_test_labels is None:
         result["downstream_skipped"] = "needs synthetic_labels and real_test_labels"
         downstream = ()
-    test_set = (test, np.asarray(real_test_labels))
+    test_set = (test, test_labels)
     # the feature net is the real-data CNN reference when it was trained here on all the training images
     reuse_net = feature_weights is None and real_test_labels is not None
     reuse_net = reuse_net and (max_downstream_train is None or len(train) <= max_downstream_train)

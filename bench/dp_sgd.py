@@ -1,21 +1,26 @@
 """DP-SGD step cost: plain step vs our one-pass clipper vs Opacus 1.6 (hooks, functorch, ghost).
 
 A step is forward + backward (+ clipping and noise for the private ones) + optimizer step, timed as
-the median of ``--steps`` steps after ``--warmup`` steps. Methods are timed round-robin in one process
-(blocks of ``--block`` steps) so that clock drift hits them all alike; ratios are to the plain step of
-the same run. Peak memory is measured per method in a fresh subprocess: on CUDA
-``torch.cuda.max_memory_allocated`` above what the model and data hold; on CPU the ``ru_maxrss``
-increase over the same baseline (resident set high-water mark; it includes allocator slack).
+the median (and min) of ``--steps`` steps after ``--warmup`` steps. "fast-clip" is our clipper alone
+(clipped sum, divided by B); "fast" adds the Gaussian noise, like the Opacus rows. Methods are timed
+round-robin in one process (blocks of ``--block`` steps) so that load changes hit them all alike;
+ratios are to the plain step of the same run. On a shared CPU use ``--threads 1 --clock cpu``
+(process CPU time): wall-clock medians with two threads are meaningless while other jobs run. Peak memory is measured per method in a fresh subprocess, after two warm-up steps (so
+optimizer state is in the baseline): on CUDA ``torch.cuda.max_memory_allocated`` above what is
+allocated before the steps; on CPU the peak resident set (``VmHWM``, reset through
+``/proc/self/clear_refs`` after ``malloc_trim``) above the resident set before the steps. CPU figures
+are page-granular and include allocator slack; treat differences under ~1 MiB as noise.
 
-Usage: ``python bench/dp_sgd.py [--device cuda] [--steps 50] [--no-memory]``
+Usage: ``python bench/dp_sgd.py [--device cuda] [--threads 1 --clock cpu] [--steps 50] [--no-memory]``
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
+import gc
 import logging
 import multiprocessing as mp
-import resource
 import statistics
 import time
 import warnings
@@ -118,13 +123,29 @@ def _opacus_step(
     return step
 
 
+def settle_allocator() -> None:
+    """Allocate and free 16 MiB once so that glibc raises its mmap/trim thresholds (dynamic since 2.x).
+
+    Without it, a short CPU process mmaps and page-faults every multi-MiB temporary afresh (e.g. the
+    per-sample conv gradients: 2.4 ms instead of 0.7 ms here); a long training run reaches this state
+    by itself. Applied once, to every method alike.
+    """
+    torch.empty(4 * 2**20).fill_(0.0)
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize()
 
 
 def time_methods(
-    case: str, methods: list[str], device: torch.device, steps: int, warmup: int, block: int
+    case: str,
+    methods: list[str],
+    device: torch.device,
+    steps: int,
+    warmup: int,
+    block: int,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> dict[str, tuple[float, float]]:
     """(median, min) seconds per step of each method, measured round-robin in blocks."""
     runners, times = {}, {m: [] for m in methods}
@@ -140,32 +161,50 @@ def time_methods(
         for m, run in runners.items():
             for _ in range(block):
                 _sync(device)
-                t0 = time.perf_counter()
+                t0 = clock()
                 run()
                 _sync(device)
-                times[m].append(time.perf_counter() - t0)
+                times[m].append(clock() - t0)
     return {m: (statistics.median(times[m]), min(times[m])) for m in runners}
+
+
+def _rss_kib(field: str) -> int:
+    """A field of /proc/self/status (VmRSS: resident now, VmHWM: resident high-water mark), in KiB."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith(field))
+
+
+def _reset_rss_peak() -> int:
+    """Return free heap to the OS, reset VmHWM to the current RSS (Linux >= 4.0) and return it."""
+    gc.collect()
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    return _rss_kib("VmRSS")
 
 
 def _peak_worker(method: str, case: str, device_name: str, threads: int, steps: int, queue: mp.Queue) -> None:
     warnings.filterwarnings("ignore")
     torch.set_num_threads(threads)
     device = torch.device(device_name)
+    settle_allocator()
     try:
         step = make_step(method, case, device)
+        for _ in range(2):  # optimizer state, lazy inits: not part of a step's working memory
+            step()
         if device.type == "cuda":
             torch.cuda.synchronize()
             base = torch.cuda.memory_allocated()
             torch.cuda.reset_peak_memory_stats()
         else:
-            base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+            base = _reset_rss_peak() * 1024
         for _ in range(steps):
             step()
         if device.type == "cuda":
             torch.cuda.synchronize()
             peak = torch.cuda.max_memory_allocated() - base
         else:
-            peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base
+            peak = _rss_kib("VmHWM") * 1024 - base
         queue.put(peak)
     except Exception:
         queue.put(None)
@@ -191,6 +230,12 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--block", type=int, default=5)
+    parser.add_argument(
+        "--clock",
+        choices=["wall", "cpu"],
+        default="wall",
+        help="cpu: process CPU time, robust to other jobs on a shared machine (use with --threads 1)",
+    )
     parser.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
@@ -201,19 +246,22 @@ def main() -> None:
     device = torch.device(args.device)
     if args.threads:
         torch.set_num_threads(args.threads)
+    settle_allocator()
     methods = ["plain", *[m for m in args.methods if m != "plain"]]
-    mem_kind = "cuda max_memory_allocated" if device.type == "cuda" else "ru_maxrss increase"
+    mem_kind = "cuda max_memory_allocated" if device.type == "cuda" else "VmHWM (peak RSS) after malloc_trim"
     print(
-        f"torch {torch.__version__}, device {device}, threads {torch.get_num_threads()}, sigma={SIGMA}, C={C}"
+        f"torch {torch.__version__}, device {device}, threads {torch.get_num_threads()}, "
+        f"{args.clock} clock, sigma={SIGMA}, C={C}"
     )
-    print(f"peak memory: {mem_kind} over the model+data baseline, one fresh process per method")
+    print(f"peak memory: {mem_kind}, above the level after 2 warm-up steps; one fresh process per method")
     header = (
         f"{'case':<6}{'method':<18}{'median ms':>10}{'x plain':>9}{'min ms':>9}{'x plain':>9}{'peak MiB':>10}"
     )
     print(header)
     print("-" * len(header))
     for case in args.cases:
-        stats = time_methods(case, methods, device, args.steps, args.warmup, args.block)
+        clock = time.process_time if args.clock == "cpu" else time.perf_counter
+        stats = time_methods(case, methods, device, args.steps, args.warmup, args.block, clock)
         (med0, min0) = stats["plain"]
         for m, (med, fastest) in stats.items():
             peak = None if args.no_memory else peak_memory(m, case, device)

@@ -132,6 +132,23 @@ class RunRecord(Callback):
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self.write_ledger(trainer)
+        if trainer.world_size > 1:
+            self._check_replicas(trainer, pl_module)
+
+    def _check_replicas(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """Under DDP every rank must hold the same parameters (noise added once, gradients synced);
+        writes ``replicas.json`` and raises if they diverged."""
+        flat = torch.cat([p.detach().double().reshape(-1) for p in pl_module.parameters()])
+        weights = torch.linspace(1.0, 2.0, len(flat), dtype=torch.float64, device=flat.device)
+        checksum = torch.stack([flat.sum(), flat.square().sum(), (flat * weights).sum()])  # (3,)
+        gathered = trainer.strategy.all_gather(checksum).cpu()  # (W, 3)
+        identical = bool(torch.allclose(gathered, gathered[0].expand_as(gathered), rtol=1e-12, atol=0))
+        if trainer.is_global_zero:
+            atomic_write_text(self.output_dir / "replicas.json", json.dumps(
+                {"world_size": trainer.world_size, "identical": identical, "checksums": gathered.tolist()}, indent=2))
+        if not identical:
+            raise RuntimeError(f"DDP replicas diverged (parameter checksums {gathered.tolist()}): noise or gradients "
+                               "were not synchronised. The run's samples are not trustworthy.")
 
     def _log(self, pl_module: LightningModule) -> None:
         eps = self.ledger.spent

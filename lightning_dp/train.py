@@ -111,6 +111,10 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     if trainer.is_global_zero:
         n = cfg.get("num_samples") or dm.num_rows
         result["synthetic"] = write_samples(model, dm.state_dict(), n, out / "synthetic", seed=cfg.seed)
+    if cfg.get("audit") and result.get("synthetic"):  # audit=default: report.json + .html, audits/report.py
+        from audits.report import audit_run
+
+        result["report"] = audit_run(cfg.audit, datamodule=dm, result=result, ledger=ledger, config=config)
     return result
 
 

@@ -11,19 +11,18 @@ from omegaconf import DictConfig
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = ROOT.parent / "shared" / "data"
 
-TINY = [
-    "trainer.max_epochs=1",
-    "trainer.enable_progress_bar=false",
-    "model.module.steps_per_epoch=5",
-    "model.module.num_features=200",
-    "model.module.batch_size=200",
-]
+TINY = ["trainer.max_epochs=1", "trainer.enable_progress_bar=false", "trainer.log_every_n_steps=1"]
+# one-shot embedding models (dp_merf, pearl): few steps on small embeddings
+TINY_ONE_SHOT = ["model.module.steps_per_epoch=5", "model.module.num_features=200", "model.module.batch_size=200"]
+ONE_SHOT = ("dp_merf", "pearl")
 
 
 def make_cfg(tmp_path: Path, *overrides: str) -> DictConfig:
     """The project's real config with tiny training and ``output_dir`` in ``tmp_path``."""
+    model = next((o.split("=", 1)[1] for o in overrides if o.startswith("model=")), "dp_merf")
+    tiny = TINY + (TINY_ONE_SHOT if model in ONE_SHOT else [])
     with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
-        return compose("train", overrides=[*TINY, f"output_dir={tmp_path}", *overrides])
+        return compose("train", overrides=[*tiny, f"output_dir={tmp_path}", *overrides])
 
 
 def shared(*parts: str) -> Path:

@@ -8,6 +8,7 @@ noisy value exists.
 from __future__ import annotations
 
 import logging
+import math
 import secrets
 from typing import Any, Protocol
 
@@ -22,6 +23,8 @@ from lightning_dp.privacy.sensitivity import count_sensitivity, embedding_sum_se
 from lightning_dp.privacy.statistics import class_feature_sums, mean_squared_distance, moment_sums
 
 log = logging.getLogger(__name__)
+
+BUDGET_SPLITS = ("epsilon", "rdp")
 
 
 class EmbeddingModule(Protocol):
@@ -48,7 +51,8 @@ class SanitizedEmbedding(Callback):
 
     Releases (all on the run's ledger, in this order):
     1. if the module has no bandwidth: ``(Σx/√d, Σ||x||²/d, n)`` of its kernel inputs (sensitivity
-       from ``moment_sensitivity``), spending ``bandwidth_epsilon_fraction`` of ε on its own;
+       from ``moment_sensitivity``), with ``bandwidth_epsilon_fraction`` of the budget (see
+       ``budget_split``);
     2. ``S = Σ_i h(x_i) e_{y_i}ᵀ`` with Δ = ``embedding_sum_sensitivity(||h||)`` and the class counts with
        Δ = ``count_sensitivity``, both with one noise multiplier calibrated so that the ledger's total
        reaches the target ε exactly.
@@ -59,17 +63,25 @@ class SanitizedEmbedding(Callback):
     Args:
         ledger: the run's ledger.
         datamodule: the private data (``private_batches``).
-        bandwidth_epsilon_fraction: ε share of the bandwidth release.
+        bandwidth_epsilon_fraction: share of the budget for the bandwidth release.
+        budget_split: what the share is of. ``"epsilon"`` (default): the bandwidth release alone spends
+            that fraction of ε (DP-MERF). ``"rdp"``: it gets that fraction of the Rényi-DP cost of the
+            releases still to come, the embedding (sums and counts together) the rest, at every order;
+            0.5 gives both the same noise multiplier, the "equal share" of PEARL (two equal Gaussian
+            releases: σ = 5.72 at ε = 1, δ = 1e-5). Under RDP composition an ε share of 0.5 is not
+            equal: the second release fills the rest and gets less noise.
         chunk_size: rows per streamed chunk (memory is O(chunk·D), not O(n·D)).
         noise_seed: fix the noise (tests only); default draws from OS entropy.
     """
 
     def __init__(self, *, ledger: PrivacyLedger, datamodule: PrivateBatches, bandwidth_epsilon_fraction: float = 0.05,
-                 chunk_size: int = 4096, noise_seed: int | None = None) -> None:
+                 budget_split: str = "epsilon", chunk_size: int = 4096, noise_seed: int | None = None) -> None:
         if not 0 < bandwidth_epsilon_fraction < 1:
             raise ValueError("bandwidth_epsilon_fraction must be in (0, 1).")
+        if budget_split not in BUDGET_SPLITS:
+            raise ValueError(f"Unknown budget_split {budget_split!r}; valid: {', '.join(BUDGET_SPLITS)}.")
         self.ledger, self.datamodule = ledger, datamodule
-        self.bandwidth_epsilon_fraction = bandwidth_epsilon_fraction
+        self.bandwidth_epsilon_fraction, self.budget_split = bandwidth_epsilon_fraction, budget_split
         self.chunk_size, self.noise_seed = chunk_size, noise_seed
 
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -97,12 +109,7 @@ class SanitizedEmbedding(Callback):
         d_cnt = count_sensitivity(adjacency=adj)
 
         def planned(sigma: float) -> list[Release]:
-            return [
-                Release(name=name, mechanism="gaussian", sensitivity=d_sum, noise_multiplier=sigma,
-                        note=f"class-wise feature sums, ||h|| <= {pl_module.feature_norm_bound:.4g}"),
-                Release(name=f"{name}/class_counts", mechanism="gaussian", sensitivity=d_cnt, noise_multiplier=sigma,
-                        note="class counts (label proportions)"),
-            ]
+            return _embedding_releases(pl_module, sigma, adjacency=adj)
 
         sigma = self.ledger.calibrate(planned)
         for release in planned(sigma):
@@ -130,8 +137,17 @@ class SanitizedEmbedding(Callback):
             return [Release(name=name, mechanism="gaussian", sensitivity=sens, noise_multiplier=sigma,
                             note="(Σx/√d, Σ||x||²/d, n) of [0,1]-scaled kernel inputs, for the bandwidth")]
 
-        share = self.bandwidth_epsilon_fraction * self.ledger.target_epsilon
-        sigma = PrivacyLedger(target_epsilon=share, delta=self.ledger.delta).calibrate(planned)
+        frac = self.bandwidth_epsilon_fraction
+        if self.budget_split == "epsilon":
+            share = frac * self.ledger.target_epsilon
+            sigma = PrivacyLedger(target_epsilon=share, delta=self.ledger.delta).calibrate(planned)
+        else:  # Gaussian RDP is α/(2σ²) per release: σ = τ/√f here and τ·√(m/(1−f)) for each of the m others
+            def joint(tau: float) -> list[Release]:
+                rest = tau * math.sqrt(2 / (1 - frac))  # the embedding is m = 2 releases (sums, counts)
+                return [*planned(tau / math.sqrt(frac)),
+                        *_embedding_releases(pl_module, rest, adjacency=self.ledger.adjacency)]
+
+            sigma = self.ledger.calibrate(joint) / math.sqrt(frac)
         self.ledger.record(planned(sigma)[0])
         noisy = mech.gaussian_noise(scaled, sensitivity=sens, noise_multiplier=sigma, generator=gen)
         n = noisy[d + 1] if self.ledger.adjacency == "add_remove" else acc[d + 1]  # n is public under replace-one
@@ -141,6 +157,17 @@ class SanitizedEmbedding(Callback):
     def _shared_seed(self, trainer: Trainer) -> int:
         seed = self.noise_seed if self.noise_seed is not None else secrets.randbits(62)
         return int(trainer.strategy.broadcast(seed, src=0)) if trainer.world_size > 1 else seed
+
+
+def _embedding_releases(pl_module: Any, sigma: float, *, adjacency: str) -> list[Release]:
+    """The two releases of the embedding at noise multiplier ``sigma``: class-wise sums and class counts."""
+    name, norm = pl_module.embedding_name, pl_module.feature_norm_bound
+    return [
+        Release(name=name, mechanism="gaussian", sensitivity=embedding_sum_sensitivity(feature_norm=norm, adjacency=adjacency),
+                noise_multiplier=sigma, note=f"class-wise feature sums, ||h|| <= {norm:.4g}"),
+        Release(name=f"{name}/class_counts", mechanism="gaussian", sensitivity=count_sensitivity(adjacency=adjacency),
+                noise_multiplier=sigma, note="class counts (label proportions)"),
+    ]
 
 
 def _all_reduce(t: Tensor, world: int) -> Tensor:

@@ -21,6 +21,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_dp.data.dp_preprocessing import needs_release, release_schema
 from lightning_dp.data.encoders import TabularEncoder
+from lightning_dp.data.sampling import PoissonBatchSampler
 from lightning_dp.data.schema import DataError, Schema, validate
 from lightning_dp.data.sources import ImageSource, TabularSource, load_source
 from lightning_dp.privacy.ledger import PrivacyLedger
@@ -164,8 +165,21 @@ class PrivateDataModule(LightningDataModule):
             part = idx[start : start + chunk_size]
             yield self.x[part], self.y[part]
 
+    def use_poisson_sampling(self, *, sample_rate: float, steps_per_epoch: int, rank: int = 0, world_size: int = 1,
+                             generator: torch.Generator) -> None:
+        """Make ``train_dataloader`` Poisson-sample this rank's shard (set by the DP-SGD mechanism)."""
+        self._poisson = {"sample_rate": sample_rate, "steps": steps_per_epoch, "generator": generator,
+                         "indices": torch.arange(rank, self.num_rows, world_size)}
+
     def train_dataloader(self) -> DataLoader:
-        return DataLoader(TensorDataset(self.x, self.y), batch_size=self.batch_size, shuffle=True, drop_last=False)
+        dataset = TensorDataset(self.x, self.y)
+        poisson = getattr(self, "_poisson", None)
+        if poisson is None:
+            return DataLoader(dataset, batch_size=self.batch_size, shuffle=True, drop_last=False)
+        sampler = PoissonBatchSampler(poisson["indices"], sample_rate=poisson["sample_rate"], steps=poisson["steps"],
+                                      generator=poisson["generator"])
+        # batch_size=None: each sampled index list goes to TensorDataset, which fancy-indexes (empty lists too)
+        return DataLoader(dataset, sampler=sampler, batch_size=None)
 
 
 def decode_samples(data_state: dict[str, Any], x: Tensor, y: Tensor) -> pd.DataFrame | dict[str, np.ndarray]:

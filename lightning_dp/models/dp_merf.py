@@ -111,7 +111,8 @@ class DPMERF(GeneratorModule):
         y = torch.arange(c, device=self.device).repeat_interleave(math.ceil(b / c))  # balanced labels (B,)
         z = torch.randn(len(y), self.generator.latent_dim, device=self.device)
         h = self.features(self.generator(z, y))  # (B, D')
-        fake = torch.zeros_like(self.target).index_add_(0, y, h) / torch.bincount(y, minlength=c).unsqueeze(1)
+        onehot = torch.nn.functional.one_hot(y, c).to(h.dtype)  # (B, C)
+        fake = (onehot.T @ h) / onehot.sum(0).unsqueeze(1)  # class-wise means Q_c, (C, D')
         loss = (self.target - fake).square().sum()  # Σ_c ||T_c − Q_c||², eq. 12
         self.log("train/mmd2", loss, prog_bar=True)
         return loss

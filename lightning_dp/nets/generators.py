@@ -44,10 +44,16 @@ class ConditionalGenerator(nn.Module):
         hidden = list(hidden) if hidden is not None else [min(4 * out_dim, 1024), min(2 * out_dim, 512)]
         self.net = mlp([latent_dim + num_classes, *hidden, out_dim], batch_norm=batch_norm)
 
-    def forward(self, z: Tensor, y: Tensor, *, hard: bool = False) -> Tensor:
+    def forward(self, z: Tensor, y: Tensor, *, hard: bool = False, gumbel_tau: float | None = None) -> Tensor:
+        """Rows in model space. ``hard`` samples one category per block (no gradient);
+        ``gumbel_tau`` gives straight-through Gumbel-softmax one-hots (for a discriminator, which would
+        otherwise tell soft blocks from real one-hot rows)."""
         h = self.net(torch.cat([z, F.one_hot(y, self.num_classes).to(z.dtype)], dim=1))  # (B, d)
         parts = [torch.sigmoid(h[:, : self.n_continuous])]
         for logits in torch.split(h[:, self.n_continuous :], self.block_sizes, dim=1):
+            if gumbel_tau is not None:
+                parts.append(F.gumbel_softmax(logits, tau=gumbel_tau, hard=True))
+                continue
             probs = torch.softmax(logits, dim=1)  # (B, k)
             if hard:
                 probs = F.one_hot(torch.multinomial(probs, 1).squeeze(1), probs.shape[1]).to(probs.dtype)

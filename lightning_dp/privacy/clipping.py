@@ -52,7 +52,7 @@ def clip_factors(norms: Tensor, max_grad_norm: float) -> Tensor:
 
 def outer_norms_sq(a: Tensor, g: Tensor) -> Tensor:
     """Squared norms ``||g_i a_i^T||^2 = ||a_i||^2 ||g_i||^2`` for a (B, d_in), g (B, d_out) -> (B,)."""
-    return a.square().sum(1) * g.square().sum(1)
+    return torch.linalg.vecdot(a, a) * torch.linalg.vecdot(g, g)
 
 
 def ghost_norms_sq(a: Tensor, g: Tensor) -> Tensor:
@@ -137,20 +137,26 @@ def _live(p: nn.Parameter | None) -> nn.Parameter | None:
     return p if p is not None and p.requires_grad else None
 
 
+def _sum(ts: Sequence[Tensor]) -> Tensor:
+    return ts[0] if len(ts) == 1 else torch.stack(list(ts)).sum(0)
+
+
 def _materialised(gs: dict[nn.Parameter, Tensor]) -> tuple[Tensor, Finisher]:
     """Norms and clipped sums from explicit per-sample gradients {p: (B, *p.shape)}."""
     flat = {p: t.reshape(t.shape[0], -1) for p, t in gs.items()}  # (B, P)
-    norm_sq = sum(f.square().sum(1) for f in flat.values())
+    norm_sq = _sum([torch.linalg.vector_norm(f, dim=1).square() for f in flat.values()])
     return norm_sq, lambda c: [(p, (c @ f).view(p.shape)) for p, f in flat.items()]
 
 
 def _dense_2d(
     a: Tensor, g: Tensor, w: nn.Parameter | None, b: nn.Parameter | None
 ) -> tuple[Tensor, Finisher]:
-    g_sq = g.square().sum(1)  # (B,)
-    norm_sq = g_sq * a.square().sum(1) if w is not None else torch.zeros_like(g_sq)
-    if b is not None:
-        norm_sq = norm_sq + g_sq
+    g_sq = torch.linalg.vecdot(g, g)  # (B,)
+    if w is not None:  # ||a||^2 ||g||^2 (+ ||g||^2 for the bias)
+        a_sq = torch.linalg.vecdot(a, a)
+        norm_sq = torch.addcmul(g_sq, g_sq, a_sq) if b is not None else g_sq * a_sq
+    else:
+        norm_sq = g_sq
 
     def finish(c: Tensor) -> Grads:
         out = [(w, clipped_outer_sum(a, g, c).view(w.shape))] if w is not None else []
@@ -206,16 +212,16 @@ def _conv(
     m: nn.Conv1d | nn.Conv2d | nn.Conv3d, pairs: list[tuple[Tensor, Tensor]]
 ) -> tuple[Tensor, Finisher]:
     w, b = _live(m.weight), _live(m.bias)
-    gs = {w: sum(conv_grad_sample(x, y, m) for x, y in pairs)} if w is not None else {}
+    gs = {w: _sum([conv_grad_sample(x, y, m) for x, y in pairs])} if w is not None else {}
     if b is not None:
-        gs[b] = sum(y.flatten(2).sum(2) for _, y in pairs)  # (B, C_out)
+        gs[b] = _sum([y.flatten(2).sum(2) for _, y in pairs])  # (B, C_out)
     return _materialised(gs)
 
 
 def _norm_layer(
     m: nn.LayerNorm | nn.GroupNorm, pairs: list[tuple[Tensor, Tensor]]
 ) -> tuple[Tensor, Finisher]:
-    gw, gb = map(sum, zip(*(norm_layer_grad_sample(x, y, m) for x, y in pairs)))
+    gw, gb = map(_sum, zip(*(norm_layer_grad_sample(x, y, m) for x, y in pairs)))
     w, b = _live(m.weight), _live(m.bias)
     return _materialised({**({w: gw} if w is not None else {}), **({b: gb} if b is not None else {})})
 
@@ -232,7 +238,7 @@ def _embedding(m: nn.Embedding, pairs: list[tuple[Tensor, Tensor]]) -> tuple[Ten
         rows = (g * c[:, None, None]).reshape(-1, g.shape[-1])  # (B*T, d)
         return [(m.weight, torch.zeros_like(m.weight).index_add_(0, idx.reshape(-1), rows))]
 
-    return (norm_sq, finish) if m.weight.requires_grad else (torch.zeros_like(norm_sq), lambda c: [])
+    return norm_sq, finish
 
 
 def _opacus(
@@ -277,7 +283,7 @@ class _Call(NamedTuple):
     x: Tensor  # the layer input, detached (shares the version counter)
     version: int  # x._version at the forward, to catch later in-place edits
     edge: GradientEdge  # the output's gradient edge: robust to in-place ops applied to the output
-    in_node: Node | None  # the input's autograd node (only recorded until the graph is verified)
+    in_node: Node | None  # the input's autograd node, for the graph check
 
 
 class _Layer(NamedTuple):
@@ -350,10 +356,22 @@ def _plan(module: nn.Module, mode: str) -> list[_Layer]:
             if p in owner:
                 raise ValueError(
                     f"parameter shared by {owner[p]} and {layer.name}: tied weights need a joint "
-                    "per-sample norm, which is not supported. Untie them or keep one copy frozen."
+                    "per-sample norm, which is not supported. Untie them or freeze the shared parameter."
                 )
             owner[p] = layer.name
     return layers
+
+
+def _promote(x: Tensor, g: Tensor) -> tuple[Tensor, Tensor]:
+    """One dtype of at least float32 for a float input and its output gradient (autocast, bf16).
+
+    Norms in half precision would be off by ~0.4%, letting a clipped contribution exceed C.
+    """
+    dtype = torch.promote_types(g.dtype, torch.float32)
+    if x.is_floating_point():
+        dtype = torch.promote_types(dtype, x.dtype)
+        x = x if x.dtype == dtype else x.to(dtype)
+    return x, g if g.dtype == dtype else g.to(dtype)
 
 
 def _groups(
@@ -364,12 +382,13 @@ def _groups(
     Calls of size n each are summed per sample (row i of every call is sample i); calls whose sizes
     sum to n are concatenated in call order.
     """
-    sizes = [g.shape[0] for _, g in calls]
+    pairs = [_promote(c.x, g) for c, g in calls]
+    sizes = [g.shape[0] for _, g in pairs]
     if all(s == n for s in sizes):
-        return [(None, [(c.x, g) for c, g in calls])]
+        return [(None, pairs)]
     if sum(sizes) == n:
         starts = [sum(sizes[:k]) for k in range(len(sizes))]
-        return [(slice(s, s + g.shape[0]), [(c.x, g)]) for s, (c, g) in zip(starts, calls)]
+        return [(slice(s, s + size), [pair]) for s, size, pair in zip(starts, sizes, pairs)]
     raise ValueError(
         f"{name} ran on batches of sizes {sizes} in this step; with len(per_sample_loss) = {n} they must "
         "each equal it (sample i is row i of every call) or sum to it (calls concatenated in order)."
@@ -379,9 +398,17 @@ def _groups(
 class PerSampleClipper:
     """Per-sample clipped gradient sums for one nn.Module (DP-SGD, Abadi et al. 2016, Alg. 1 lines 5-7).
 
-    Forward hooks record every grad-enabled call of the module's trainable layers; :meth:`backward`
-    consumes the records. Records that the loss does not reach (e.g. a GAN generator step through
-    this discriminator) are ignored; :meth:`reset` frees them early.
+    Forward hooks (registered here, removed by :meth:`detach`) record every grad-enabled call of the
+    module's trainable layers; :meth:`backward` consumes the records. Records that the loss does not
+    reach (e.g. a generator step through this discriminator) are ignored; :meth:`reset` frees them
+    early. Calls in one step must each cover the whole batch (summed per sample, e.g. D(real_i) and
+    D(fake_i)) or split it in order (``per_sample_loss = cat([loss_real, loss_fake])``).
+
+    Example::
+
+        clipper = PerSampleClipper(disc, max_grad_norm=1.0)
+        per_sample = F.softplus(-disc(real)).squeeze(1) + F.softplus(disc(fake.detach())).squeeze(1)
+        norms = clipper.backward(per_sample)  # disc's p.grad = clipped sum; add noise, divide, step
 
     Args:
         module: The network whose trainable parameters are clipped. Parameters with
@@ -389,12 +416,17 @@ class PerSampleClipper:
         max_grad_norm: C > 0, the per-sample L2 bound over all trainable parameters together.
         mode: "auto" (fast path where supported, Opacus samplers elsewhere), "fast" (refuse other
             layers) or "opacus" (Opacus' grad samplers / functorch everywhere; a reference).
+        check_graph: walk the autograd graph at every backward (~20 us) to refuse parameters that
+            reach the loss outside their own module (tied weights used via ``F.linear``, gradient
+            penalties through ``autograd.grad(create_graph=True)``); False checks the first only.
 
     Raises:
         ValueError: for a bad C or mode, BatchNorm or other Opacus-invalid layers, tied parameters.
     """
 
-    def __init__(self, module: nn.Module, *, max_grad_norm: float, mode: str = "auto") -> None:
+    def __init__(
+        self, module: nn.Module, *, max_grad_norm: float, mode: str = "auto", check_graph: bool = True
+    ) -> None:
         if not max_grad_norm > 0 or max_grad_norm == float("inf"):
             raise ValueError(f"max_grad_norm must be a finite C > 0, got {max_grad_norm}")
         if mode not in MODES:
@@ -404,8 +436,9 @@ class PerSampleClipper:
         self._layers = _plan(module, mode)
         self.params = tuple(p for layer in self._layers for p in layer.params)
         self._frozen = tuple(p for p in module.parameters() if not p.requires_grad)
+        self._names = {p: name for name, p in module.named_parameters() if p.requires_grad}
         self._calls: list[list[_Call]] = [[] for _ in self._layers]
-        self._verified = False
+        self._verified, self._check_graph = False, check_graph
         self._handles = [
             layer.module.register_forward_hook(partial(self._record, i))
             for i, layer in enumerate(self._layers)
@@ -419,14 +452,15 @@ class PerSampleClipper:
             log.info("per-sample gradients via Opacus (materialised) for: %s", ", ".join(slow))
 
     def _record(self, index: int, module: nn.Module, args: tuple, output: object) -> None:
-        if not torch.is_grad_enabled():
+        if not torch.is_grad_enabled() or module is not self._layers[index].module:  # deepcopies share hooks
             return
         if not isinstance(output, Tensor) or not args or not isinstance(args[0], Tensor):
             raise TypeError(f"{self._layers[index].name}: per-sample clipping needs tensor input and output")
         if output.grad_fn is None:
             return
         x = args[0].detach()
-        in_node = None if self._verified or not args[0].requires_grad else get_gradient_edge(args[0]).node
+        check = args[0].requires_grad and (self._check_graph or not self._verified)
+        in_node = get_gradient_edge(args[0]).node if check else None
         self._calls[index].append(_Call(x, x._version, get_gradient_edge(output), in_node))
 
     def reset(self) -> None:
@@ -460,7 +494,7 @@ class PerSampleClipper:
         Raises:
             ValueError: for a loss that is not 1-D, or calls whose batch sizes do not match B.
             RuntimeError: if no recorded forward reaches the loss, an input was modified in place,
-                or (first call) a parameter is used outside its own module.
+                or (``check_graph``) a parameter reaches the loss outside its own module.
         """
         if per_sample_loss.dim() != 1:
             raise ValueError(f"per_sample_loss must have shape (B,), got {tuple(per_sample_loss.shape)}")
@@ -475,7 +509,7 @@ class PerSampleClipper:
             self._write({}, accumulate)
             return per_sample_loss.detach().new_zeros(0)
         flat = [(i, call) for i, cs in enumerate(calls) for call in cs]
-        if not self._verified and per_sample_loss.grad_fn is not None:
+        if (self._check_graph or not self._verified) and per_sample_loss.grad_fn is not None:
             self._verify_graph(per_sample_loss.grad_fn, [call for _, call in flat])
         grads = torch.autograd.grad(per_sample_loss.sum(), [call.edge for _, call in flat], allow_unused=True)
         live: list[list[tuple[_Call, Tensor]]] = [[] for _ in self._layers]
@@ -494,7 +528,7 @@ class PerSampleClipper:
         )
         finishers: list[tuple[slice | None, Finisher, torch.dtype]] = []
         for layer, layer_calls in zip(self._layers, live):
-            if layer_calls:
+            if layer_calls and any(p.requires_grad for p in layer.params):
                 for sl, pairs in _groups(layer_calls, n, layer.name):
                     ns, finish = _HANDLERS[layer.kind](layer.module, pairs)
                     if sl is None:
@@ -517,18 +551,18 @@ class PerSampleClipper:
             if not p.requires_grad:
                 continue
             g = summed.get(p)
-            g = torch.zeros_like(p) if g is None else g.to(p.dtype)
+            g = torch.zeros_like(p) if g is None else g if g.dtype == p.dtype else g.to(p.dtype)
             if accumulate and p.grad is not None:
                 p.grad.add_(g)
             else:
                 p.grad = g
 
     def _verify_graph(self, root: Node, calls: list[_Call]) -> None:
-        """Walk the graph once, jumping over recorded layers, to find parameters used elsewhere."""
+        """Walk the graph from the loss, jumping from each recorded output to its input, for stray params."""
         jumps: dict[Node, list[Node]] = {}
         for call in calls:
             jumps.setdefault(call.edge.node, []).extend([call.in_node] if call.in_node is not None else [])
-        names = {p: name for name, p in self.module.named_parameters() if p.requires_grad}
+        names = self._names
         stack, seen, leaked = [root], set(), []
         while stack:
             node = stack.pop()

@@ -9,6 +9,7 @@ so a resumed run continues from the ε it had spent.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
@@ -35,6 +36,17 @@ class BudgetExceededError(RuntimeError):
 
 def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+@functools.lru_cache(maxsize=256)
+def _unit_rdp(mechanism: str, noise_multiplier: float | None, sample_rate: float, epsilon: float | None,
+              orders: tuple[float, ...]) -> np.ndarray:
+    """RDP curve of one use; cached because DP-SGD asks for the same curve at every step."""
+    if mechanism in ("gaussian", "subsampled_gaussian"):
+        return mech.gaussian_rdp(orders, noise_multiplier=noise_multiplier, sample_rate=sample_rate)
+    if mechanism == "laplace":
+        return mech.laplace_rdp(orders, noise_multiplier=noise_multiplier)
+    return mech.pure_dp_rdp(orders, epsilon=epsilon)
 
 
 @dataclass(frozen=True)
@@ -80,16 +92,11 @@ class Release:
             raise ValueError(f"Release {self.name!r}: count must be >= 0.")
 
     def rdp(self, orders: Sequence[float]) -> np.ndarray:
-        """RDP curve of all ``count`` uses of this release."""
+        """RDP curve of all ``count`` uses of this release (RDP composes additively: count × one use)."""
         if self.count == 0:
             return np.zeros(len(orders))
-        if self.mechanism in ("gaussian", "subsampled_gaussian"):
-            return mech.gaussian_rdp(
-                orders, noise_multiplier=self.noise_multiplier, sample_rate=self.sample_rate, steps=self.count
-            )
-        if self.mechanism == "laplace":
-            return mech.laplace_rdp(orders, noise_multiplier=self.noise_multiplier, steps=self.count)
-        return mech.pure_dp_rdp(orders, epsilon=self.epsilon, steps=self.count)
+        return self.count * _unit_rdp(self.mechanism, self.noise_multiplier, self.sample_rate, self.epsilon,
+                                      tuple(orders))
 
     def same_mechanism(self, other: Release) -> bool:
         """True when ``other`` is another use of exactly this mechanism (so counts can merge)."""

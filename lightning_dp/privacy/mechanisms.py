@@ -41,14 +41,17 @@ def noise_generator(seed: int | None = None, device: torch.device | str = "cpu")
 
 
 def gaussian_noise(
-    value: Tensor, *, sensitivity: float, noise_multiplier: float, generator: torch.Generator
+    value: Tensor, *, sensitivity: float, noise_multiplier: float, generator: torch.Generator,
+    draw_dtype: torch.dtype | None = torch.float64,
 ) -> Tensor:
     """Gaussian mechanism: ``value + N(0, (noise_multiplier * sensitivity)^2 I)`` (Dwork & Roth, App. A).
 
-    Noise is drawn in float64 on the generator's device and cast back to ``value``'s dtype.
+    Noise is drawn in ``draw_dtype`` (float64 by default; ``None`` = ``value``'s dtype, which DP-SGD
+    uses per step for speed) on the generator's device and cast back to ``value``'s dtype.
     """
     std = float(noise_multiplier) * float(sensitivity)
-    noise = torch.randn(value.shape, generator=generator, dtype=torch.float64, device=generator.device)
+    dtype = value.dtype if draw_dtype is None else draw_dtype
+    noise = torch.randn(value.shape, generator=generator, dtype=dtype, device=generator.device)
     return value + (std * noise).to(dtype=value.dtype, device=value.device)
 
 

@@ -13,16 +13,19 @@ def class_feature_sums(
 ) -> tuple[Tensor, Tensor]:
     """One pass over ``batches`` of (x, y): ``S[c] = Σ_{i: y_i = c} features(x_i)`` and class counts.
 
-    Memory is O(C·D) whatever the number of rows. Sums are accumulated in float64.
+    Memory is O(chunk·D + C·D) whatever the number of rows. Each chunk is summed with one matmul in
+    the features' dtype; the running sums are float64.
     """
     sums, counts = None, torch.zeros(num_classes, dtype=torch.float64)
     for x, y in batches:
-        h = features(x).double()  # (B, D)
+        h = features(x)  # (B, D)
+        onehot = torch.nn.functional.one_hot(y.to(h.device), num_classes).to(h.dtype)  # (B, C)
+        part = (onehot.T @ h).double()  # (C, D)
         if sums is None:
-            sums = torch.zeros(num_classes, h.shape[1], dtype=torch.float64, device=h.device)
+            sums = torch.zeros_like(part)
             counts = counts.to(h.device)
-        sums.index_add_(0, y.to(h.device), h)  # (C, D)
-        counts += torch.bincount(y.to(h.device), minlength=num_classes).double()
+        sums += part
+        counts += onehot.sum(0).double()
     if sums is None:
         raise ValueError("The private data set is empty: nothing to embed.")
     return sums, counts

@@ -57,6 +57,17 @@ def test_float32_selection_and_tensor_inputs(data):
     np.testing.assert_array_equal(d32, d64)  # distances are recomputed in float64 either way
 
 
+@pytest.mark.parametrize("k", [1, 4])
+def test_torch_backend_agrees(data, k):
+    q, r = data
+    a = nearest_neighbors(q, r, k=k, ref_chunk=300)
+    b = nearest_neighbors(q, r, k=k, ref_chunk=300, backend="torch")
+    np.testing.assert_array_equal(a[0], b[0])
+    np.testing.assert_array_equal(a[1], b[1])
+    with pytest.raises(ValueError, match="backend"):
+        nearest_neighbors(q, r, backend="jax")
+
+
 def test_near_duplicates_are_exact_despite_cancellation():
     rng = np.random.default_rng(1)
     r = 1e3 + rng.normal(size=(50, 20))  # large norms: ||a||^2 + ||b||^2 - 2ab cancels ~1e7

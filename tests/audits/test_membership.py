@@ -5,9 +5,10 @@ import json
 import numpy as np
 import pytest
 import torch
+from scipy.stats import gaussian_kde
 from sklearn.metrics import roc_auc_score
 
-from audits.membership import ATTACKS, evaluate_scores, roc_auc, run_attack, tpr_at_fpr
+from audits.membership import ATTACKS, evaluate_scores, gaussian_kde_logpdf, roc_auc, run_attack, tpr_at_fpr
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -104,7 +105,13 @@ def test_result_and_registry(sets):
             "domias", synthetic=sets["fresh"], members=sets["members"], non_members=sets["non_members"]
         )
     with pytest.raises(ValueError, match="train_generator"):
-        run_attack("shadow", synthetic=sets["fresh"], members=sets["members"], non_members=sets["non_members"], reference=sets["reference"])
+        run_attack(
+            "shadow",
+            synthetic=sets["fresh"],
+            members=sets["members"],
+            non_members=sets["non_members"],
+            reference=sets["reference"],
+        )
     with pytest.raises(ValueError, match="same number of features"):
         run_attack(
             "dcr", synthetic=sets["fresh"][:, :3], members=sets["members"], non_members=sets["non_members"]
@@ -132,3 +139,13 @@ def test_bootstrap_is_seeded():
     b = evaluate_scores("x", scores, labels, seed=1, n_bootstrap=100)
     c = evaluate_scores("x", scores, labels, seed=2, n_bootstrap=100)
     assert a.auc_ci == b.auc_ci != c.auc_ci
+
+
+def test_kde_matches_scipy_gaussian_kde():
+    rng = np.random.default_rng(5)
+    data, points = _population(rng, 300)[:, :3], _population(rng, 50)[:, :3]
+    for rule in ("scott", "silverman"):
+        got, h = gaussian_kde_logpdf(points, data, bandwidth=rule, ridge=0.0)
+        want = gaussian_kde(data.T, bw_method=rule)
+        np.testing.assert_allclose(got, want.logpdf(points.T), rtol=1e-10)
+        assert h == pytest.approx(want.factor)

@@ -17,6 +17,7 @@ from lightning_dp.privacy.clipping import (
     outer_norms_sq,
 )
 
+pytestmark = pytest.mark.filterwarnings("ignore:Full backward hook", "ignore:In CPU autocast")
 RTOL = 1e-5
 LossFn = Callable[[nn.Module, Tensor], Tensor]  # (model, inputs) -> (B,) per-sample losses
 
@@ -232,6 +233,16 @@ def test_tied_and_smuggled_parameters_are_refused() -> None:
         PerSampleClipper(model, max_grad_norm=1.0).backward(model(torch.randn(3, 4)))
 
 
+def test_gradient_penalty_is_refused() -> None:
+    model, (x, _) = build("mlp"), make_batch("mlp", 4)
+    clipper = PerSampleClipper(model, max_grad_norm=1.0)
+    x = x.requires_grad_()
+    out = model(x).squeeze(1)
+    (grad_x,) = torch.autograd.grad(out.sum(), x, create_graph=True)  # WGAN-GP style, per sample
+    with pytest.raises(RuntimeError, match="outside their own module"):
+        clipper.backward(out + grad_x.square().sum(1))
+
+
 def test_frozen_parameters_are_ignored() -> None:
     model, batch = build("mlp"), make_batch("mlp", 5)
     model[0].requires_grad_(False)
@@ -296,8 +307,28 @@ def test_accumulate_in_place_edits_and_detach() -> None:
     x.mul_(2)  # the first layer's recorded input changes under the clipper
     with pytest.raises(RuntimeError, match="in place"):
         clipper.backward(out)
+    twin = copy.deepcopy(model)  # copies the hooks; the twin's calls must not be recorded
+    plain = torch.autograd.grad(bce(model, batch).sum(), trainable(model))
+    PerSampleClipper(model, max_grad_norm=1e9).backward(bce(model, batch) + bce(twin, batch))
+    for p, g in zip(trainable(model), plain):
+        assert_close(p.grad, g)
     clipper.detach()
-    assert all(not m._forward_hooks for m in model.modules())
+    assert all(len(m._forward_hooks) == 1 for m in model.modules() if isinstance(m, nn.Linear))
+
+
+def test_autocast_bfloat16_is_close_to_float32() -> None:
+    model, (x, y) = build("mlp_layernorm").float(), make_batch("mlp", 8)
+    x, y = x.float(), y.float()
+    clipper = PerSampleClipper(model, max_grad_norm=0.5)
+    exact = clipper.backward(bce(model, (x, y)))
+    grads = [p.grad.clone() for p in trainable(model)]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = model(x).squeeze(1)
+    norms = clipper.backward(F.binary_cross_entropy_with_logits(out.float(), y, reduction="none"))
+    torch.testing.assert_close(norms, exact, rtol=0.05, atol=1e-3)
+    for p, g in zip(trainable(model), grads):
+        assert p.grad.dtype == torch.float32
+        torch.testing.assert_close(p.grad, g, rtol=0.05, atol=0.02 * g.abs().max().item())
 
 
 def test_pure_helpers() -> None:

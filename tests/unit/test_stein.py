@@ -26,7 +26,6 @@ def _single_thread():
     torch.set_num_threads(n)
 
 
-
 def _autograd_stein(x, y, sx, sy, base):
     """u = sxᵀsy k + sxᵀ∇_y k + ∇_x kᵀsy + tr(∇_x∇_y k), every derivative by autograd."""
     x, y = x.clone().requires_grad_(), y.clone().requires_grad_()
@@ -61,7 +60,9 @@ def test_stein_kernel_matches_autograd_for_a_standard_gaussian(kernel):
     u = stein_kernel_matrix(x, s, bandwidth=h, kernel=kernel, imq_c=c, imq_beta=beta)
     for i in range(6):
         for j in range(6):
-            assert u[i, j].item() == pytest.approx(_autograd_stein(x[i], x[j], s[i], s[j], base).item(), rel=1e-10)
+            assert u[i, j].item() == pytest.approx(
+                _autograd_stein(x[i], x[j], s[i], s[j], base).item(), rel=1e-10
+            )
     pairs = stein_kernel_pairs(x[:3], s[:3], x[3:], s[3:], bandwidth=h, kernel=kernel, imq_c=c, imq_beta=beta)
     torch.testing.assert_close(pairs, torch.stack([u[i, i + 3] for i in range(3)]))
 
@@ -72,7 +73,9 @@ def test_estimators_match_explicit_sums_and_chunking():
     s = -x + 0.3
     u = stein_kernel_matrix(x, s, bandwidth=0.9)
     n = 37
-    assert ksd_u_statistic(x, s, bandwidth=0.9).item() == pytest.approx(((u.sum() - u.trace()) / (n * (n - 1))).item())
+    assert ksd_u_statistic(x, s, bandwidth=0.9).item() == pytest.approx(
+        ((u.sum() - u.trace()) / (n * (n - 1))).item()
+    )
     assert ksd_v_statistic(x, s, bandwidth=0.9).item() == pytest.approx((u.sum() / n**2).item())
     for fn in (ksd_u_statistic, ksd_v_statistic):
         torch.testing.assert_close(fn(x, s, bandwidth=0.9, chunk_size=5), fn(x, s, bandwidth=0.9))

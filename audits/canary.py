@@ -1,0 +1,196 @@
+"""Empirical ε lower bounds of our mechanisms from a planted canary (Jagielski et al. 2020, Nasr et al. 2021).
+
+The game, under add/remove adjacency (the ledger's default): a small data set D is fixed and a canary row c
+is either added (D ∪ {c}) or not (D). A *trial* runs the mechanism once, with fresh privacy noise from
+``seed``, and returns the attacker's score::
+
+    Trial = Callable[[bool, int], float]        # trial(with_canary, seed) -> score
+
+:func:`audit_trials` runs many trials of each kind and converts the scores with
+:func:`audits.empirical_dp.audit_mechanism` into a lower bound on ε at δ, valid with probability
+``confidence``. A bound above the mechanism's claimed ε means the claim (or the code) is wrong; a bound far
+below it says only that this attack at this number of trials cannot tell. Any mechanism plugs in as a trial:
+DP-SGD would train on D or D ∪ {c} with noise seed ``seed`` and return e.g. minus the canary's loss.
+
+DP-MERF's one-shot release (:class:`EmbeddingCanary`) is audited on the released statistics themselves (at
+small scale the strongest attack): the model config's mechanisms, i.e. the real ``SanitizedEmbedding``
+callback as ``train()`` instantiates it, release the class-wise feature sums ``S̃ = S + N(0, σ²Δ_S²)`` and
+counts ``ñ = n + N(0, σ²Δ_n²)``. The attacker knows D (as the DP game allows) and computes its exact
+statistics under the released feature map, then scores the residual along the canary's feature vector
+``h = h(c)`` in its class ``y``::
+
+    score = ⟨S̃_y − S_y(D), h⟩ / Δ_S² + (ñ_y − n_y(D)) / Δ_n²
+
+With ``‖h‖ = Δ_S`` (every DP-MERF row has the same feature norm) the score is N(0, 2σ²) without the canary
+and N(2, 2σ²) with it: the Neyman–Pearson statistic of the two Gaussian releases together (μ = √2/σ).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator, Mapping
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from audits.empirical_dp import EmpiricalDPResult, audit_mechanism
+
+log = logging.getLogger(__name__)
+
+Trial = Callable[[bool, int], float]
+
+
+def audit_trials(
+    trial: Trial,
+    *,
+    trials: int,
+    delta: float,
+    confidence: float = 0.95,
+    seed: int = 0,
+    torch_threads: int | None = 1,
+) -> EmpiricalDPResult:
+    """ε lower bound of the mechanism behind ``trial`` from ``trials`` runs with and ``trials`` without the canary.
+
+    Args:
+        trial: ``trial(with_canary, seed) -> score`` (higher = canary more likely present, or lower: the
+            rule's direction is chosen on the first half of the trials).
+        trials: runs per side (>= 4); half choose the threshold, half evaluate it.
+        delta: the δ of the mechanism's (ε, δ) claim.
+        confidence: confidence of the Clopper–Pearson bound.
+        seed: base seed (run i with the canary gets ``seed + i``, without ``seed + trials + i``).
+        torch_threads: torch's intra-op threads during the trials, restored afterwards (tiny trials run
+            several times faster on one thread than on a busy pool); None leaves it alone.
+
+    Returns:
+        The :class:`~audits.empirical_dp.EmpiricalDPResult`.
+    """
+    before = torch.get_num_threads()
+    if torch_threads is not None:
+        torch.set_num_threads(torch_threads)
+    try:
+        return audit_mechanism(
+            lambda s: trial(True, s),
+            lambda s: trial(False, s),
+            trials=trials,
+            delta=delta,
+            confidence=confidence,
+            seed=seed,
+        )
+    finally:
+        torch.set_num_threads(before)
+
+
+class _Rows:
+    """The ``private_batches`` view of fixed model-space rows (what the callback reads from a data module)."""
+
+    def __init__(self, x: Tensor, y: Tensor) -> None:
+        self.x, self.y = x, y
+
+    def private_batches(
+        self, *, chunk_size: int = 4096, rank: int = 0, world_size: int = 1
+    ) -> Iterator[tuple[Tensor, Tensor]]:
+        idx = torch.arange(rank, len(self.x), world_size)
+        for start in range(0, len(idx), chunk_size):
+            part = idx[start : start + chunk_size]
+            yield self.x[part], self.y[part]
+
+
+_ONE_PROCESS = SimpleNamespace(global_rank=0, world_size=1)  # what the callback reads from a Trainer
+
+
+class EmbeddingCanary:
+    """A :data:`Trial` of DP-MERF's (or PEARL's) one-shot sanitized embedding on D or D ∪ {canary}.
+
+    Args:
+        model_cfg: the ``model`` config group (``name``, ``module``, ``generator``, ``mechanisms``), e.g.
+            ``compose("train").model``; its mechanisms are instantiated exactly as ``train()`` does.
+        layout: the data layout (``n_continuous``, ``block_sizes``, ``num_classes``).
+        x: D in model space, shape (n, d); y: its labels, shape (n,).
+        canary: the canary row in model space, shape (d,), and its label.
+        epsilon, delta: the run's (ε, δ) target; the ledger calibrates the noise to it. A huge ε gives a tiny
+            noise multiplier: the same mechanism with the noise switched off.
+        accountant: the ledger's accountant.
+
+    Raises:
+        ValueError: shapes that do not match the layout.
+    """
+
+    def __init__(
+        self,
+        *,
+        model_cfg: Mapping[str, Any],
+        layout: dict[str, Any],
+        x: Tensor,
+        y: Tensor,
+        canary: tuple[Tensor, int],
+        epsilon: float,
+        delta: float,
+        accountant: str = "rdp",
+    ) -> None:
+        width = layout["n_continuous"] + sum(layout.get("block_sizes", []))
+        canary_x, canary_y = canary
+        if x.ndim != 2 or x.shape[1] != width or canary_x.shape != (width,) or len(y) != len(x):
+            raise ValueError(
+                f"x must be (n, {width}) with n labels and the canary ({width},) for this layout; got "
+                f"x {tuple(x.shape)}, y {tuple(y.shape)}, canary {tuple(canary_x.shape)}."
+            )
+        if not 0 <= int(canary_y) < layout["num_classes"]:
+            raise ValueError(f"canary label {canary_y} is not in [0, {layout['num_classes']}).")
+        self.model_cfg, self.layout = model_cfg, layout
+        self.x, self.y = x.float(), y.long()
+        self.canary_x, self.canary_y = canary_x.float(), int(canary_y)
+        self.epsilon, self.delta, self.accountant = epsilon, delta, accountant
+        self.noise_multiplier: float | None = None  # of the embedding release in the last trial
+
+    def release(self, with_canary: bool, seed: int) -> tuple[Any, dict[str, Tensor], Any]:
+        """Run the mechanisms once: ``(module, {"sums", "counts"} as released, ledger)``."""
+        from hydra.utils import instantiate
+
+        from lightning_dp.models import build_model
+        from lightning_dp.privacy.ledger import PrivacyLedger
+
+        x, y = self.x, self.y
+        if with_canary:
+            x, y = torch.cat([x, self.canary_x[None]]), torch.cat([y, torch.tensor([self.canary_y])])
+        ledger = PrivacyLedger(target_epsilon=self.epsilon, delta=self.delta, accountant=self.accountant)
+        module = build_model(self.model_cfg, self.layout)
+        released: dict[str, Tensor] = {}
+        set_release = module.set_release
+
+        def capture(sums: Tensor, counts: Tensor) -> None:
+            # the noisy values as released, before the module post-processes them into targets
+            released.update(sums=sums.detach().double().cpu(), counts=counts.detach().double().cpu())
+            set_release(sums, counts)
+
+        module.set_release = capture
+        for spec in self.model_cfg["mechanisms"]:
+            instantiate(spec, ledger=ledger, datamodule=_Rows(x, y), noise_seed=seed).on_fit_start(
+                _ONE_PROCESS, module
+            )
+        if not released:
+            raise ValueError(
+                f"Model {self.model_cfg['name']!r} released no embedding: EmbeddingCanary audits "
+                "one-shot sanitized embeddings (dp_merf, pearl)."
+            )
+        return module, released, ledger
+
+    def __call__(self, with_canary: bool, seed: int) -> float:
+        """One trial: the attack score of one release (see the module docstring)."""
+        from lightning_dp.privacy.sensitivity import count_sensitivity, embedding_sum_sensitivity
+        from lightning_dp.privacy.statistics import class_feature_sums
+
+        module, released, ledger = self.release(with_canary, seed)
+        name = module.embedding_name
+        self.noise_multiplier = next(r.noise_multiplier for r in ledger.releases if r.name == name)
+        with torch.no_grad():  # the attacker's knowledge: D's exact statistics under the released feature map
+            sums_d, counts_d = class_feature_sums(
+                _Rows(self.x, self.y).private_batches(), module.features, module.num_classes
+            )
+            h = module.features(self.canary_x[None])[0].double()  # (D',)
+        d_sum = embedding_sum_sensitivity(feature_norm=module.feature_norm_bound, adjacency=ledger.adjacency)
+        d_count = count_sensitivity(adjacency=ledger.adjacency)
+        c = self.canary_y
+        residual = released["sums"][c] - sums_d[c].cpu()  # (D',)
+        return float(residual @ h / d_sum**2 + (released["counts"][c] - counts_d[c].cpu()) / d_count**2)

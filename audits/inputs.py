@@ -1,0 +1,384 @@
+"""What an audit reads: synthetic rows, the real training rows (REAL) and a real holdout (HOLDOUT).
+
+* synthetic: a CSV/Parquet file in the user's columns, or a lightning-dp checkpoint, sampled with
+  :func:`lightning_dp.sample.sample_checkpoint` (its ledger and config then go into the report);
+* REAL and HOLDOUT: CSV/Parquet files, or a data set name (``adult``, ``breast_cancer``, ...), loaded with
+  :class:`~lightning_dp.data.datamodule.PrivateDataModule` (``.train_frame`` and ``.holdout``) with the
+  checkpoint's data config and released schema, so that nothing is released again.
+
+All three frames are brought to one set of column types: numeric columns (the schema's continuous ones, or
+those whose REAL values all parse as numbers) as floats, the others as strings (``1.0`` and ``1`` are the
+category ``"1"``), missing tokens as NaN.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+log = logging.getLogger(__name__)
+
+TABLE_SUFFIXES = (".csv", ".parquet", ".pq")
+DEFAULT_MISSING = ("", "?", "NA", "N/A", "NaN", "nan", "null")
+MIN_HOLDOUT = 4  # half become non-member candidates, the other half the reference set
+
+
+class InputError(ValueError):
+    """The synthetic data, REAL or HOLDOUT cannot be audited; the message says which and why."""
+
+
+@dataclass
+class AuditInputs:
+    """The three frames of an audit in one set of column types, and where they came from.
+
+    Attributes:
+        synthetic: synthetic rows, REAL's columns in REAL's order.
+        real: the private training rows (members).
+        holdout: real rows never used in training (non-members and reference).
+        numeric: numeric columns; all others are categorical.
+        label: the label column, if known (schema or ``--label``).
+        sources: per input (``synthetic``, ``real``, ``holdout``, ``checkpoint``): path or data set name,
+            rows, SHA-256 and what was hashed.
+        ledger: the run's ledger (:meth:`PrivacyLedger.to_dict`), when a checkpoint or run is given.
+        config: the run's resolved config, likewise.
+    """
+
+    synthetic: pd.DataFrame
+    real: pd.DataFrame
+    holdout: pd.DataFrame
+    numeric: list[str]
+    label: str | None = None
+    sources: dict[str, dict[str, Any]] = field(default_factory=dict)
+    ledger: dict[str, Any] | None = None
+    config: dict[str, Any] | None = None
+
+    @property
+    def categorical(self) -> list[str]:
+        return [c for c in self.real.columns if c not in set(self.numeric)]
+
+
+# ------------------------------------------------------------------------------------------ hashing
+def sha256_file(path: str | Path) -> str:
+    """SHA-256 of a file's bytes, read in 1 MiB blocks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def sha256_frame(frame: pd.DataFrame) -> str:
+    """SHA-256 of a frame written as CSV without its index (for rows that are not a file)."""
+    return hashlib.sha256(frame.to_csv(index=False).encode()).hexdigest()
+
+
+def _file_source(path: Path, frame: pd.DataFrame) -> dict[str, Any]:
+    return {
+        "path": str(path),
+        "kind": "file",
+        "rows": len(frame),
+        "columns": frame.shape[1],
+        "sha256": sha256_file(path),
+        "sha256_of": "file bytes",
+    }
+
+
+def frame_source(what: str, frame: pd.DataFrame, **extra: Any) -> dict[str, Any]:
+    """Source record of in-memory rows: their SHA-256 as CSV."""
+    return {
+        "path": what,
+        "rows": len(frame),
+        "columns": frame.shape[1],
+        "sha256": sha256_frame(frame),
+        "sha256_of": "rows as CSV",
+        **extra,
+    }
+
+
+# ------------------------------------------------------------------------------------------ reading
+def read_frame(path: str | Path, what: str) -> pd.DataFrame:
+    """A CSV (all cells as strings) or Parquet file.
+
+    Raises:
+        InputError: absent, unreadable, or without rows or columns.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"{what} {str(path)!r} does not exist.")
+    try:
+        if path.suffix.lower() in (".parquet", ".pq"):
+            return pd.read_parquet(path)
+        return pd.read_csv(path, dtype=str, keep_default_na=False)
+    except pd.errors.EmptyDataError as err:
+        raise InputError(f"{what} {str(path)!r} is empty (no header, no rows).") from err
+    except Exception as err:  # parser, encoding and Arrow errors alike
+        raise InputError(
+            f"Could not read {what} {str(path)!r}: {type(err).__name__}: {str(err)[:200]}. "
+            "Pass a well-formed CSV (one header line) or a Parquet file."
+        ) from err
+
+
+def _data_set_names() -> tuple[tuple[str, ...], tuple[str, ...]]:
+    from lightning_dp.data.sources import IMAGES, LOADERS
+
+    return tuple(n for n in LOADERS if n not in IMAGES), IMAGES
+
+
+def _load_data_set(name: str, *, record: dict[str, Any] | None, root: str | None) -> tuple[Any, Any]:
+    """``(datamodule, schema)`` of a named data set, split exactly as the run split it.
+
+    With a checkpoint's record the run's data config (split seed, holdout fraction, max_rows, ...) and its
+    released schema are used: ``prepare`` then releases nothing. Without one, only data sets whose schema is
+    fully public can be loaded (a throwaway ledger proves that nothing was released).
+    """
+    from lightning_dp.data.datamodule import PrivateDataModule
+    from lightning_dp.data.dp_preprocessing import needs_release
+    from lightning_dp.data.schema import Schema
+    from lightning_dp.data.sources import bundled_schema
+    from lightning_dp.privacy.ledger import PrivacyLedger
+    from lightning_dp.privacy.mechanisms import noise_generator
+
+    tabular, images = _data_set_names()
+    if name in images:
+        raise InputError(
+            f"{name!r} is an image data set; the report audits tabular data only (use "
+            "audits.fidelity.image_fidelity for images)."
+        )
+    run_data = (record or {}).get("config", {}).get("data") or {}
+    kwargs = dict(run_data) if run_data.get("name") == name else {"name": name}
+    if root is not None:
+        kwargs["root"] = root
+    state = record["data"] if record and run_data.get("name") == name else None
+    if state is None and name != "csv" and needs_release(bundled_schema(name)):
+        raise InputError(
+            f"The {name!r} schema leaves facts to a DP release: pass the run's checkpoint so that "
+            "its released schema is used, or pass REAL and HOLDOUT as files."
+        )
+    dm = PrivateDataModule(**kwargs)
+    throwaway = PrivacyLedger(target_epsilon=1.0, delta=1e-9)
+    dm.prepare(throwaway, generator=noise_generator(0), state=state)
+    if throwaway.releases:  # prepare releases nothing when the schema is public or given
+        raise RuntimeError(f"Loading {name!r} for an audit released {throwaway.releases}; this is a bug.")
+    return dm, Schema.from_dict(dm.state_dict()["schema"])
+
+
+# ------------------------------------------------------------------------------------------ types
+def _strip(s: pd.Series, tokens: set[str]) -> pd.Series:
+    if s.dtype == object or pd.api.types.is_string_dtype(s):
+        s = s.astype(object).where(s.notna(), None)
+        s = s.map(lambda v: v.strip() if isinstance(v, str) else v)
+        s = s.map(lambda v: np.nan if v is None or (isinstance(v, str) and v in tokens) else v)
+    return s
+
+
+def _categories(s: pd.Series) -> pd.Series:
+    """Categories as strings; integral numbers written as integers (``1.0`` and ``1`` -> ``"1"``)."""
+
+    def one(v: Any) -> Any:
+        if v is None or (isinstance(v, float) and np.isnan(v)) or v is pd.NA:
+            return np.nan
+        if isinstance(v, (bool, np.bool_)):
+            return str(bool(v))
+        if isinstance(v, (int, float, np.integer, np.floating)):
+            return str(int(v)) if float(v).is_integer() else str(v)
+        text = str(v)
+        try:
+            number = float(text)
+        except ValueError:
+            return text
+        return (
+            str(int(number))
+            if number.is_integer() and text.lstrip("+-").replace(".", "", 1).isdigit()
+            else text
+        )
+
+    return s.astype(object).map(one)
+
+
+def _is_numeric(s: pd.Series) -> bool:
+    values = s.dropna()
+    if pd.api.types.is_bool_dtype(s) or values.empty:
+        return False
+    return bool(pd.to_numeric(values, errors="coerce").notna().all())
+
+
+def _check_columns(reference: list[str], frame: pd.DataFrame, what: str, ref_what: str) -> None:
+    have = [str(c) for c in frame.columns]
+    missing = [c for c in reference if c not in set(have)]
+    extra = [c for c in have if c not in set(reference)]
+    if missing or extra:
+        parts = ([f"lacks {missing}"] if missing else []) + ([f"has extra {extra}"] if extra else [])
+        raise InputError(
+            f"The columns of {what} and {ref_what} differ: {what} {' and '.join(parts)}. The audit "
+            "compares rows column by column; pass files in the same columns."
+        )
+
+
+def normalise(
+    synthetic: pd.DataFrame,
+    real: pd.DataFrame,
+    holdout: pd.DataFrame,
+    *,
+    schema: Any = None,
+    label: str | None = None,
+) -> tuple[dict[str, pd.DataFrame], list[str]]:
+    """Check the three frames' columns and give them one set of types.
+
+    Args:
+        synthetic, real, holdout: the raw frames.
+        schema: the run's :class:`~lightning_dp.data.schema.Schema` (column types, missing tokens), or None
+            to infer types from REAL.
+        label: the label column (never treated as numeric when types are inferred).
+
+    Returns:
+        ``({"synthetic", "real", "holdout"}, numeric_columns)``.
+
+    Raises:
+        InputError: columns differ (named), too few rows, or non-numbers in a numeric column.
+    """
+    frames = {"synthetic": synthetic, "real": real, "holdout": holdout}
+    frames = {k: f.rename(columns=str) for k, f in frames.items()}
+    columns = list(frames["real"].columns)
+    if not columns:
+        raise InputError("REAL has no columns.")
+    _check_columns(columns, frames["synthetic"], "the synthetic data", "REAL")
+    _check_columns(columns, frames["holdout"], "HOLDOUT", "REAL")
+    if schema is not None:
+        _check_columns(schema.names, frames["real"], "REAL", "the run's schema")
+    for what, n_min in (("synthetic", 2), ("real", 2), ("holdout", MIN_HOLDOUT)):
+        if len(frames[what]) < n_min:
+            name = {"synthetic": "The synthetic data", "real": "REAL", "holdout": "HOLDOUT"}[what]
+            why = " (half become non-member candidates, half the reference set)" if what == "holdout" else ""
+            raise InputError(f"{name} has {len(frames[what])} rows; the audit needs at least {n_min}{why}.")
+    tokens = set(schema.missing_values if schema is not None else DEFAULT_MISSING)
+    frames = {k: pd.DataFrame({c: _strip(f[c], tokens) for c in columns}) for k, f in frames.items()}
+    if schema is not None:
+        numeric = [c.name for c in schema.columns if c.type == "continuous"]
+    else:
+        numeric = [c for c in columns if c != label and _is_numeric(frames["real"][c])]
+    out = {}
+    for what, f in frames.items():
+        cols = {}
+        for c in columns:
+            if c in numeric:
+                parsed = pd.to_numeric(f[c], errors="coerce").astype(float)
+                bad = parsed.isna() & f[c].notna()
+                if bad.any():
+                    raise InputError(
+                        f"Column {c!r} is numeric but {what} has non-numeric values "
+                        f"{[str(v) for v in f[c][bad].unique()[:5]]} (e.g. row {int(np.flatnonzero(bad)[0])})."
+                    )
+                cols[c] = parsed
+            else:
+                cols[c] = _categories(f[c])
+        out[what] = pd.DataFrame(cols).reset_index(drop=True)
+    return out, numeric
+
+
+# ------------------------------------------------------------------------------------------ loading
+def load_inputs(
+    synthetic: str | Path,
+    *,
+    real: str,
+    holdout: str,
+    num_rows: int | None = None,
+    seed: int = 0,
+    data_root: str | None = None,
+    label: str | None = None,
+) -> AuditInputs:
+    """Read (or sample) the synthetic rows, REAL and HOLDOUT for :func:`audits.report.build_report`.
+
+    Args:
+        synthetic: a ``.csv``/``.parquet`` file, or a checkpoint (any other suffix).
+        real: a file, or a data set name (its ``.train_frame``).
+        holdout: a file, or a data set name (its ``.holdout``).
+        num_rows: rows to sample from a checkpoint (default: as many as REAL).
+        seed: latent seed of that sample.
+        data_root: folder of the shared data sets (default: the run's ``data.root``).
+        label: the label column (default: the schema's).
+
+    Raises:
+        InputError: bad files or names, columns that differ, too few rows, an image or unknown-model checkpoint.
+        CheckpointError: an unreadable or foreign checkpoint.
+    """
+    from lightning_dp.checkpoint import load_checkpoint
+    from lightning_dp.data.schema import Schema
+    from lightning_dp.privacy.ledger import PrivacyLedger
+
+    synthetic = Path(synthetic)
+    record = None
+    sources: dict[str, dict[str, Any]] = {}
+    if synthetic.suffix.lower() not in TABLE_SUFFIXES:
+        from lightning_dp.models import MODELS
+
+        record = load_checkpoint(synthetic)["lightning_dp"]
+        model = (record.get("config") or {}).get("model", {}).get("name")
+        if model not in MODELS:
+            raise InputError(
+                f"Checkpoint {str(synthetic)!r} is of an unknown model {model!r}; valid models: "
+                f"{', '.join(MODELS)}. Pass a checkpoint written by train.py, or a synthetic "
+                f"file ({'/'.join(TABLE_SUFFIXES)})."
+            )
+        if record["data"].get("kind") != "tabular":
+            raise InputError(
+                f"Checkpoint {str(synthetic)!r} generates {record['data'].get('kind')} data; the "
+                "report audits tabular data only."
+            )
+        sources["checkpoint"] = {
+            "path": str(synthetic),
+            "model": model,
+            "sha256": sha256_file(synthetic),
+            "sha256_of": "file bytes",
+        }
+    schema = Schema.from_dict(record["data"]["schema"]) if record else None
+    tabular, images = _data_set_names()
+    loaded: dict[str, Any] = {}
+    raw: dict[str, pd.DataFrame] = {}
+    for what, arg, attr in (("real", real, "train_frame"), ("holdout", holdout, "holdout")):
+        path = Path(arg)
+        if path.is_file() or path.suffix.lower() in TABLE_SUFFIXES:
+            raw[what] = read_frame(path, "REAL" if what == "real" else "HOLDOUT")
+            sources[what] = _file_source(path, raw[what])
+        elif arg in tabular or arg in images:
+            if arg not in loaded:
+                loaded[arg] = _load_data_set(arg, record=record, root=data_root)
+            dm, data_schema = loaded[arg]
+            schema = schema or data_schema
+            raw[what] = getattr(dm, attr)
+            sources[what] = frame_source(f"data set {arg!r} ({attr})", raw[what], kind="data set")
+        else:
+            raise InputError(
+                f"{'REAL' if what == 'real' else 'HOLDOUT'} {arg!r} is neither a file nor a data set "
+                f"name; valid names: {', '.join(n for n in tabular if n != 'csv')}."
+            )
+    if record is None:
+        raw["synthetic"] = read_frame(synthetic, "The synthetic data")
+        sources["synthetic"] = _file_source(synthetic, raw["synthetic"])
+    else:
+        from lightning_dp.sample import sample_checkpoint
+
+        n = num_rows or len(raw["real"])
+        with tempfile.TemporaryDirectory() as tmp:
+            path = sample_checkpoint(synthetic, n, Path(tmp) / "synthetic.parquet", seed=seed)
+            raw["synthetic"] = pd.read_parquet(path)
+        sources["synthetic"] = frame_source(
+            f"{n} rows sampled from {synthetic}", raw["synthetic"], kind="checkpoint sample", seed=seed
+        )
+    label = label or (schema.label if schema is not None else None)
+    frames, numeric = normalise(raw["synthetic"], raw["real"], raw["holdout"], schema=schema, label=label)
+    ledger = PrivacyLedger.from_state_dict(record["ledger"]).to_dict() if record else None
+    return AuditInputs(
+        **frames,
+        numeric=numeric,
+        label=label,
+        sources=sources,
+        ledger=ledger,
+        config=record.get("config") if record else None,
+    )

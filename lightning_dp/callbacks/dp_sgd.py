@@ -1,0 +1,200 @@
+"""DP-SGD as a mechanism for any LightningModule (Abadi et al. 2016, Alg. 1).
+
+The module marks what is private by the *shape* of what it backpropagates: a per-sample loss of shape
+``(B,)`` passed to ``self.manual_backward`` (manual optimization) or returned from ``training_step``
+(automatic optimization) is a private loss over the Poisson-sampled private batch. For it, this
+callback
+
+1. records one Poisson-subsampled Gaussian release on the ledger (refused if over budget),
+2. computes the per-sample clipped gradient sum ``Σ_i min(1, C/||g_i||) g_i`` of the private modules'
+   parameters (``PerSampleClipper``: one backward, Opacus only where the fast path can't go),
+3. sums it across ranks (DDP), adds ``N(0, σ²C²)`` once, with identical noise on every rank,
+4. divides by the expected batch size ``L = q·N`` and adds it to ``p.grad``.
+
+A scalar loss is public (e.g. a GAN's loss on generated samples, computed from the released state)
+and is backpropagated normally. The generator of a GAN therefore sees data only through the private
+discriminator's releases (post-processing).
+
+Under DDP the callback owns gradient synchronisation of the module: each step runs inside DDP's
+``no_sync`` and gradients are averaged across ranks just before each optimizer step, so the noisy
+private part (already identical on every rank) is unchanged and public parts are averaged.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from pytorch_lightning import Callback, LightningModule, Trainer
+from torch import Tensor, nn
+
+from lightning_dp.privacy import mechanisms as mech
+from lightning_dp.privacy.clipping import PerSampleClipper
+from lightning_dp.privacy.ledger import BudgetExceededError, PrivacyLedger, Release
+
+log = logging.getLogger(__name__)
+
+
+class DPSGD(Callback):
+    """Per-sample clipping + Gaussian noise on the modules that see private data, Poisson sampling.
+
+    Args:
+        ledger: the run's ledger (adjacency must be ``add_remove``: Opacus' subsampled-Gaussian RDP
+            is for add/remove neighbours with Poisson sampling).
+        datamodule: the private data; its ``batch_size`` is the expected batch size L.
+        max_grad_norm: clipping norm C.
+        noise_multiplier: σ; ``None`` calibrates it so that the planned steps spend what the ledger
+            has left (the planned steps come from the trainer's ``max_steps`` or ``max_epochs``).
+        private_modules: attribute names of the submodules whose parameters see private data.
+        mode: clipping engine, ``"auto"`` | ``"fast"`` | ``"opacus"``.
+        noise_seed: fix the privacy noise (tests only). Sampling is always seeded from OS entropy.
+    """
+
+    def __init__(self, *, ledger: PrivacyLedger, datamodule: Any, max_grad_norm: float = 1.0,
+                 noise_multiplier: float | None = None, private_modules: list[str] | tuple[str, ...] = ("discriminator",),
+                 mode: str = "auto", noise_seed: int | None = None) -> None:
+        if max_grad_norm <= 0:
+            raise ValueError(f"max_grad_norm must be > 0, got {max_grad_norm}.")
+        if noise_multiplier is not None and noise_multiplier <= 0:
+            raise ValueError(f"noise_multiplier must be > 0 (or null to calibrate), got {noise_multiplier}.")
+        self.ledger, self.datamodule = ledger, datamodule
+        self.max_grad_norm, self.noise_multiplier = float(max_grad_norm), noise_multiplier
+        self.private_modules, self.mode, self.noise_seed = list(private_modules), mode, noise_seed
+        self.sample_rate: float | None = None
+        self.name = "dp_sgd/" + "+".join(self.private_modules)
+        self._clipper: PerSampleClipper | None = None
+        self._released_this_batch = False
+        self._no_sync: Any = None
+
+    # ------------------------------------------------------------------ setup
+    def _release(self, count: int) -> Release:
+        return Release(name=self.name, mechanism="subsampled_gaussian", sensitivity=self.max_grad_norm,
+                       noise_multiplier=self.noise_multiplier, sample_rate=self.sample_rate, count=count,
+                       note=f"clipped per-sample gradient sum of {', '.join(self.private_modules)}, C = {self.max_grad_norm:g}")
+
+    @property
+    def steps_done(self) -> int:
+        return sum(r.count for r in self.ledger.releases if r.name == self.name)
+
+    def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self.ledger.adjacency != "add_remove":
+            raise ValueError("DP-SGD's accounting (Poisson-subsampled Gaussian RDP) is for add/remove adjacency: "
+                             "set privacy.adjacency=add_remove.")
+        if trainer.accumulate_grad_batches != 1:
+            raise ValueError("Gradient accumulation changes DP-SGD's logical batch and would be mis-accounted: set "
+                             "trainer.accumulate_grad_batches=1 and raise data.batch_size instead.")
+        n, world = self.datamodule.num_rows, trainer.world_size
+        if world > 1 and trainer._accelerator_connector.use_distributed_sampler:
+            raise ValueError("Under DDP, DP-SGD shards and Poisson-samples the data itself: set "
+                             "trainer.use_distributed_sampler=false (configs/trainer/ddp.yaml does).")
+        self.sample_rate = min(self.datamodule.batch_size / n, 1.0)  # q = L/N (N from the data, as Opacus)
+        steps_per_epoch = max(round(1 / self.sample_rate), 1)
+        planned = trainer.max_steps if trainer.max_steps and trainer.max_steps > 0 else trainer.max_epochs * steps_per_epoch
+        remaining = max(planned - self.steps_done, 1)
+        if self.noise_multiplier is None:
+            self.noise_multiplier = self.ledger.calibrate(
+                lambda s: [Release(name=self.name, mechanism="subsampled_gaussian", sensitivity=self.max_grad_norm,
+                                   noise_multiplier=s, sample_rate=self.sample_rate, count=remaining)])
+        if self.ledger.epsilon_if([self._release(1)]) > self.ledger.target_epsilon:
+            raise BudgetExceededError(
+                f"Not one DP-SGD step fits in the budget: with noise multiplier {self.noise_multiplier:g} and sample rate "
+                f"{self.sample_rate:.3g}, one step takes ε to {self.ledger.epsilon_if([self._release(1)]):.3g} > "
+                f"{self.ledger.target_epsilon:g} ({self.ledger.summary()}). Raise the noise multiplier (or leave it null "
+                "to calibrate it), lower data.batch_size, or raise privacy.epsilon.")
+        self.datamodule.use_poisson_sampling(sample_rate=self.sample_rate, steps_per_epoch=steps_per_epoch,
+                                             rank=trainer.global_rank, world_size=world,
+                                             generator=mech.noise_generator())  # secret sampling randomness
+        seed = self.noise_seed if self.noise_seed is not None else secrets.randbits(62)
+        seed = int(trainer.strategy.broadcast(seed, src=0)) if world > 1 else seed
+        self._noise = mech.noise_generator(seed + self.steps_done, device=pl_module.device)
+        modules = nn.ModuleDict({name: getattr(pl_module, name) for name in self.private_modules})
+        self._clipper = PerSampleClipper(modules, max_grad_norm=self.max_grad_norm, mode=self.mode)
+        self._params = [p for p in modules.parameters() if p.requires_grad]
+        self._original_backward = pl_module.backward
+        pl_module.backward = self._backward  # the LightningModule.backward hook, for this module only
+        log.info("DP-SGD on %s: q = %.4g, σ = %.4g, C = %g, %d planned steps (%d done); %s", self.private_modules,
+                 self.sample_rate, self.noise_multiplier, self.max_grad_norm, planned, self.steps_done,
+                 self.ledger.summary())
+
+    def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self._clipper is not None:
+            self._clipper.detach()
+            pl_module.backward = self._original_backward
+
+    # ------------------------------------------------------------------ the private step
+    def _backward(self, loss: Tensor, *args: Any, **kwargs: Any) -> None:
+        if loss.dim() == 0:
+            return self._original_backward(loss, *args, **kwargs)
+        if loss.dim() != 1:
+            raise ValueError(f"A private loss must have shape (B,) (one loss per sample), got {tuple(loss.shape)}.")
+        self.private_backward(loss)
+
+    def private_backward(self, per_sample_loss: Tensor) -> None:
+        """Add ``(Σ clip(g_i) + N(0, σ²C²)) / L`` to the private parameters' gradients."""
+        if self._released_this_batch:
+            raise RuntimeError("A second private backward on the same Poisson batch would be a second release of "
+                               "the same sample, which the accountant cannot amplify: one private backward per batch.")
+        self.ledger.record(self._release(1))  # before any noisy value exists; raises if over budget
+        self._released_this_batch = True
+        before = [p.grad for p in self._params]
+        for p in self._params:
+            p.grad = None
+        norms = self._clipper.backward(per_sample_loss)  # p.grad = Σ_i c_i g_i   (B,) norms
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self._params]
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            flat = torch.cat([g.reshape(-1) for g in grads])
+            dist.all_reduce(flat, op=dist.ReduceOp.SUM)  # the global clipped sum, before the noise
+            grads = list(torch.split(flat, [g.numel() for g in grads]))
+        expected = self.sample_rate * self.datamodule.num_rows  # L = q·N
+        for p, g, old in zip(self._params, grads, before):
+            noisy = mech.gaussian_noise(g.reshape(p.shape), sensitivity=self.max_grad_norm,
+                                        noise_multiplier=self.noise_multiplier, generator=self._noise,
+                                        draw_dtype=None) / expected
+            p.grad = noisy if old is None else noisy + old
+        self._last_norms = norms.detach()
+
+    # ------------------------------------------------------------------ per batch
+    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
+        self._released_this_batch = False
+        model = trainer.strategy.model
+        if trainer.world_size > 1 and hasattr(model, "no_sync"):
+            self._no_sync = model.no_sync()
+            self._no_sync.__enter__()
+
+    def on_before_optimizer_step(self, trainer: Trainer, pl_module: LightningModule, optimizer: torch.optim.Optimizer) -> None:
+        if trainer.world_size <= 1 or not dist.is_initialized():
+            return
+        for group in optimizer.param_groups:  # average what DDP did not: private parts are identical already
+            for p in group["params"]:
+                if p.grad is not None:
+                    dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
+                    p.grad /= trainer.world_size
+
+    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, *args: Any) -> None:
+        if self._no_sync is not None:
+            self._no_sync.__exit__(None, None, None)
+            self._no_sync = None
+        if self._released_this_batch:
+            norms = self._last_norms
+            if norms.numel():
+                pl_module.log("dp_sgd/clipped_fraction", (norms > self.max_grad_norm).float().mean(), on_step=True)
+                pl_module.log("dp_sgd/grad_norm_median", norms.median(), on_step=True)
+        if self.ledger.epsilon_if([self._release(1)]) > self.ledger.target_epsilon:
+            log.info("DP-SGD: the next step would exceed ε = %g; stopping (%s).", self.ledger.target_epsilon,
+                     self.ledger.summary())
+            trainer.should_stop = True
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> dict[str, Any]:
+        return {"noise_multiplier": self.noise_multiplier, "sample_rate": self.sample_rate,
+                "max_grad_norm": self.max_grad_norm}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """A resumed run keeps its noise multiplier (the ledger, restored separately, keeps the steps)."""
+        if state_dict.get("max_grad_norm") != self.max_grad_norm:
+            raise ValueError(f"The checkpoint used max_grad_norm={state_dict.get('max_grad_norm')}; resume with the same.")
+        self.noise_multiplier = state_dict["noise_multiplier"]
+

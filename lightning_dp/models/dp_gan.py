@@ -1,0 +1,115 @@
+"""DP-GAN (Xie et al. 2018) and DP-CGAN (Torkzadehmahani et al. 2019): a GAN whose discriminator is
+trained with DP-SGD; the generator sees data only through the discriminator (post-processing)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from lightning_dp.models.base import GeneratorModule
+
+
+class DPGAN(GeneratorModule):
+    """A (conditional) GAN for rows ``[continuous | one-hot blocks]`` with a private discriminator.
+
+    The privacy mechanism is not in this module: the ``DPSGD`` callback clips and noises the
+    per-sample loss the discriminator backpropagates on real rows (shape (B,)); the loss on generated
+    rows is a scalar and public. ``LabelProportions`` releases the class counts that conditional
+    sampling draws labels from.
+
+    * ``conditional=True`` (DP-CGAN): ``G(z, y)`` and ``D(x, y)`` see the label.
+    * ``conditional=False`` (DP-GAN): the label is generated jointly as one more one-hot block, so the
+      whole row, label included, is protected the same way (``net_layout``).
+
+    Losses: the non-saturating GAN loss (binary cross-entropy). Choices (specs silent): Adam
+    (lr 2e-4, β = (0.5, 0.999)); categorical blocks through straight-through Gumbel-softmax at τ = 0.2
+    so that the discriminator cannot tell real one-hot rows from soft ones; ``n_critic`` discriminator
+    steps per generator step (each discriminator step is one private release).
+
+    Args:
+        generator, discriminator: networks built from the layout.
+        n_continuous, block_sizes, num_classes: the data layout.
+        conditional: DP-CGAN (True) or DP-GAN (False).
+        batch_size: generated rows per step (the real batch is Poisson-sampled by DP-SGD).
+    """
+
+    uses_private_batches = True
+
+    def __init__(self, generator: nn.Module, discriminator: nn.Module, *, n_continuous: int,
+                 block_sizes: list[int] | tuple[int, ...] = (), num_classes: int = 1, conditional: bool = True,
+                 batch_size: int = 256, lr_g: float = 2e-4, lr_d: float = 2e-4, betas: tuple[float, float] = (0.5, 0.999),
+                 n_critic: int = 1, gumbel_tau: float = 0.2) -> None:
+        super().__init__()
+        self.save_hyperparameters(ignore=["generator", "discriminator"])
+        self.automatic_optimization = False
+        self.generator, self.discriminator = generator, discriminator
+        self.conditional = conditional
+        self.init_label_buffer(num_classes)
+
+    @staticmethod
+    def net_layout(layout: dict[str, Any], module_cfg: Any) -> dict[str, Any]:
+        """Unconditional: the label becomes the last one-hot block of the generated row."""
+        if module_cfg.get("conditional", True) or layout["num_classes"] <= 1:
+            return layout
+        return {**layout, "block_sizes": [*layout["block_sizes"], layout["num_classes"]], "num_classes": 1}
+
+    # ---------------------------------------------------------------- rows with labels
+    def _join(self, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+        """What the networks see: unconditional models carry the label as a block, label input 0."""
+        if self.conditional:
+            return x, y
+        return torch.cat([x, F.one_hot(y, self.num_classes).to(x.dtype)], 1), torch.zeros_like(y)
+
+    def _generate(self, n: int, *, hard: bool = False, gumbel: bool = False) -> tuple[Tensor, Tensor]:
+        y = self.sample_labels(n) if self.conditional else torch.zeros(n, dtype=torch.long, device=self.device)
+        z = torch.randn(n, self.generator.latent_dim, device=self.device)
+        out = self.generator(z, y, hard=hard, gumbel_tau=self.hparams.gumbel_tau if gumbel else None)
+        return out, y
+
+    @torch.no_grad()
+    def sample(self, n: int, labels: Tensor | None = None, *, seed: int | None = None) -> tuple[Tensor, Tensor]:
+        if self.conditional:
+            return super().sample(n, labels, seed=seed)
+        if seed is not None:
+            torch.manual_seed(seed)
+        was_training = self.training
+        self.eval()
+        out, _ = self._generate(n, hard=True)
+        self.train(was_training)
+        c = self.num_classes
+        return out[:, :-c], out[:, -c:].argmax(1)  # the label block → labels
+
+    # ---------------------------------------------------------------- training
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+        x, y = batch  # a Poisson sample of private rows; may be empty
+        d_opt, g_opt = self.optimizers()
+        fake, y_fake = self._generate(self.hparams.batch_size, gumbel=True)  # (B_f, d)
+
+        d_opt.zero_grad()
+        real_in, real_y = self._join(x, y)
+        real = F.binary_cross_entropy_with_logits(self.discriminator(real_in, real_y), torch.ones(len(x), device=self.device),
+                                                  reduction="none")  # (B,) private, per sample
+        self.manual_backward(real)
+        fake_loss = F.binary_cross_entropy_with_logits(self.discriminator(fake.detach(), y_fake),
+                                                       torch.zeros(len(fake), device=self.device))  # public
+        self.manual_backward(fake_loss)
+        d_opt.step()
+
+        if (batch_idx + 1) % self.hparams.n_critic == 0:
+            g_opt.zero_grad()
+            g_loss = F.binary_cross_entropy_with_logits(self.discriminator(fake, y_fake),
+                                                        torch.ones(len(fake), device=self.device))
+            self.manual_backward(g_loss)
+            g_opt.step()
+            self.log("train/g_loss", g_loss, prog_bar=True)
+        self.log("train/d_loss_fake", fake_loss)
+        if len(x):
+            self.log("train/d_loss_real", real.mean())
+
+    def configure_optimizers(self) -> list[torch.optim.Optimizer]:
+        betas = tuple(self.hparams.betas)
+        return [torch.optim.Adam(self.discriminator.parameters(), lr=self.hparams.lr_d, betas=betas),
+                torch.optim.Adam(self.generator.parameters(), lr=self.hparams.lr_g, betas=betas)]
