@@ -31,6 +31,7 @@ log = logging.getLogger(__name__)
 
 Tick = Callable[[], None]
 ROC_POINTS = 200  # ROC curves are stored with at most this many points
+MAX_MARGINALS = 32  # marginal histograms of at most this many columns (the first ones)
 
 
 @dataclass
@@ -306,7 +307,7 @@ def lmdp_mmd(
         **test.to_dict(),
         "columns": list(columns),
         "alpha_lmdp_holds": test.reject,
-        "standardisation": "columns z-scored with REAL's mean and std; rows with a missing value dropped",
+        "standardisation": "Columns z-scored with REAL's mean and std; rows with a missing value dropped",
     }
     verdict = Verdict(
         "lmdp_mmd",
@@ -418,7 +419,8 @@ def fidelity(
             at_most=True,
             missing_ok=True,
         )
-    columns = list(inputs.real.columns)
+    columns = list(inputs.real.columns)[:MAX_MARGINALS]
+    res["marginals_plotted"] = columns
     fig = plot_marginals(
         inputs.real, inputs.synthetic, columns, max_columns=len(columns), categorical=inputs.categorical
     )

@@ -35,7 +35,8 @@ table { border-collapse: collapse; margin: 6px 0 10px; font-size: 13px; max-widt
 th, td { border-bottom: 1px solid #e6e9ee; padding: 5px 10px; text-align: left; vertical-align: top; }
 th { background: #f6f8fa; font-weight: 600; }
 td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
-td.hash { font-family: ui-monospace, Menlo, Consolas, monospace; font-size: 11px; word-break: break-all; }
+.hash { font-family: ui-monospace, Menlo, Consolas, monospace; font-size: 11px; word-break: break-all; }
+.path { overflow-wrap: anywhere; }
 .wide { overflow-x: auto; }
 figure { margin: 12px 0; }
 figure img { max-width: 100%; height: auto; border: 1px solid #eef0f3; }
@@ -108,7 +109,10 @@ def _verdicts(report: dict[str, Any]) -> str:
         )
         for v in report["verdicts"]
     ]
-    body = table(["check", "what", "threshold", "value", "limit", "result", "note"], rows, numeric=(3, 4))
+    header = ["check", "what", "threshold", "value", "limit", "result", "note"]
+    if not any(v["note"] for v in report["verdicts"]):  # no notes: no empty column
+        header, rows = header[:-1], [r[:-1] for r in rows]
+    body = table(header, rows, numeric=(3, 4))
     if not rows:
         body = '<p class="note">The policy sets no thresholds: every check only reports its numbers.</p>'
     skipped = [
@@ -125,7 +129,7 @@ def _inputs(report: dict[str, Any]) -> str:
     rows = [
         (
             esc(name),
-            esc(s.get("path", "")),
+            f'<span class="path">{esc(s.get("path", ""))}</span>',
             fmt(s.get("rows")),
             fmt(s.get("columns")),
             f'<span class="hash">{esc(s.get("sha256", ""))}</span>',

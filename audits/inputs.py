@@ -362,14 +362,17 @@ def load_inputs(
         raw["synthetic"] = read_frame(synthetic, "The synthetic data")
         sources["synthetic"] = _file_source(synthetic, raw["synthetic"])
     else:
+        import torch
+
         from lightning_dp.sample import sample_checkpoint
 
         n = num_rows or len(raw["real"])
-        with tempfile.TemporaryDirectory() as tmp:
+        with tempfile.TemporaryDirectory() as tmp, torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)  # the generator's categorical draws use the global RNG: seed it, locally
             path = sample_checkpoint(synthetic, n, Path(tmp) / "synthetic.parquet", seed=seed)
             raw["synthetic"] = pd.read_parquet(path)
         sources["synthetic"] = frame_source(
-            f"{n} rows sampled from {synthetic}", raw["synthetic"], kind="checkpoint sample", seed=seed
+            f"{n:,} rows sampled from {synthetic}", raw["synthetic"], kind="checkpoint sample", seed=seed
         )
     label = label or (schema.label if schema is not None else None)
     frames, numeric = normalise(raw["synthetic"], raw["real"], raw["holdout"], schema=schema, label=label)

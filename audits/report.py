@@ -279,5 +279,7 @@ def audit_run(
     )
     report, figures = build_report(inputs, pol, seed=seed)
     paths = write_report(report, figures, result["output_dir"])
-    log.info("Audit %s: %s", "passed" if report["passed"] else "FAILED", paths["html"])
+    failed = [f"{v['check']} {v['criterion']}" for v in report["verdicts"] if not v["passed"]]
+    verdict = "passed" if report["passed"] else f"FAILED ({', '.join(failed)})"
+    log.info("Audit %s: %s", verdict, paths["html"])
     return paths["html"]

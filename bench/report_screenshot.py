@@ -7,6 +7,7 @@ Chromium (``apt-get install -y chromium``), saving a PNG. Skips cleanly (exit 0)
 or Chromium is absent.
 
     python bench/report_screenshot.py [--out outputs/report_screenshot] [--epochs 1] [--steps 100]
+    python bench/report_screenshot.py --checkpoint outputs/report_screenshot/run/checkpoints/last.ckpt
 
 Prints the audit's verdict lines, the report's path and the screenshot's path (``OUT/report.png``).
 """
@@ -48,11 +49,35 @@ def screenshot(html: Path, png: Path, *, width: int = 1400, height: int = 6000) 
         subprocess.run(cmd, check=True, capture_output=True, timeout=180)
 
 
+def train_adult(run_dir: Path, *, epochs: int, steps: int) -> str:
+    """A fresh ``experiment=dp_merf_adult`` run with ``epochs`` × ``steps`` generator steps; its checkpoint."""
+    from lightning_dp.train import train
+
+    if run_dir.exists():
+        shutil.rmtree(run_dir)  # a run directory that spent budget refuses a second training
+    overrides = [
+        "experiment=dp_merf_adult",
+        f"trainer.max_epochs={epochs}",
+        f"model.module.steps_per_epoch={steps}",
+        "trainer.enable_progress_bar=false",
+        f"output_dir={run_dir}",
+    ]
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
+        cfg = compose("train", overrides=overrides)
+    start = time.perf_counter()
+    result = train(cfg)
+    print(f"trained DP-MERF on Adult: ε = {result['epsilon']:.4f} in {time.perf_counter() - start:.0f} s")
+    return result["checkpoint"]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=str(ROOT / "outputs" / "report_screenshot"))
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--steps", type=int, default=100, help="generator steps per epoch")
+    parser.add_argument(
+        "--checkpoint", default=None, help="audit this Adult run's checkpoint instead of training"
+    )
     args = parser.parse_args()
     if not ADULT.exists():
         print(f"skipped: the Adult data set is not at {ADULT}")
@@ -61,25 +86,11 @@ def main() -> int:
         print("skipped: no chromium on PATH (apt-get install -y chromium)")
         return 0
     from audits.report import run_audit
-    from lightning_dp.train import train
 
     out = Path(args.out)
-    if (out / "run").exists():
-        shutil.rmtree(out / "run")  # a fresh run each time (a run directory refuses a second training)
-    overrides = [
-        "experiment=dp_merf_adult",
-        f"trainer.max_epochs={args.epochs}",
-        f"model.module.steps_per_epoch={args.steps}",
-        "trainer.enable_progress_bar=false",
-        f"output_dir={out / 'run'}",
-    ]
-    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
-        cfg = compose("train", overrides=overrides)
+    checkpoint = args.checkpoint or train_adult(out / "run", epochs=args.epochs, steps=args.steps)
     start = time.perf_counter()
-    result = train(cfg)
-    print(f"trained DP-MERF on Adult: ε = {result['epsilon']:.4f} in {time.perf_counter() - start:.0f} s")
-    start = time.perf_counter()
-    report, paths = run_audit(result["checkpoint"], real="adult", holdout="adult", out=out)
+    report, paths = run_audit(checkpoint, real="adult", holdout="adult", out=out)
     print(f"audited in {time.perf_counter() - start:.0f} s")
     for v in report["verdicts"]:
         value = "n/a" if v["value"] is None else f"{v['value']:.4g}"

@@ -34,6 +34,7 @@ from torch import Tensor, nn
 from lightning_dp.privacy import mechanisms as mech
 from lightning_dp.privacy.clipping import PerSampleClipper
 from lightning_dp.privacy.ledger import BudgetExceededError, PrivacyLedger, Release
+from lightning_dp.privacy.microbatch import microbatch_clipped_sum
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +50,8 @@ class DPSGD(Callback):
         noise_multiplier: σ; ``None`` calibrates it so that the planned steps spend what the ledger
             has left (the planned steps come from the trainer's ``max_steps`` or ``max_epochs``).
         private_modules: attribute names of the submodules whose parameters see private data.
-        mode: clipping engine, ``"auto"`` | ``"fast"`` | ``"opacus"``.
+        mode: clipping engine, ``"auto"`` | ``"fast"`` | ``"opacus"`` (one backward, ``PerSampleClipper``)
+            or ``"microbatch"`` (one autograd call per sample: any loss, e.g. a gradient penalty; B× slower).
         noise_seed: fix the privacy noise (tests only). Sampling is always seeded from OS entropy.
     """
 
@@ -111,7 +113,8 @@ class DPSGD(Callback):
         seed = int(trainer.strategy.broadcast(seed, src=0)) if world > 1 else seed
         self._noise = mech.noise_generator(seed + self.steps_done, device=pl_module.device)
         modules = nn.ModuleDict({name: getattr(pl_module, name) for name in self.private_modules})
-        self._clipper = PerSampleClipper(modules, max_grad_norm=self.max_grad_norm, mode=self.mode)
+        if self.mode != "microbatch":
+            self._clipper = PerSampleClipper(modules, max_grad_norm=self.max_grad_norm, mode=self.mode)
         self._params = [p for p in modules.parameters() if p.requires_grad]
         self._original_backward = pl_module.backward
         pl_module.backward = self._backward  # the LightningModule.backward hook, for this module only
@@ -122,6 +125,7 @@ class DPSGD(Callback):
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if self._clipper is not None:
             self._clipper.detach()
+        if hasattr(self, "_original_backward"):
             pl_module.backward = self._original_backward
 
     # ------------------------------------------------------------------ the private step
@@ -142,7 +146,14 @@ class DPSGD(Callback):
         before = [p.grad for p in self._params]
         for p in self._params:
             p.grad = None
-        norms = self._clipper.backward(per_sample_loss)  # p.grad = Σ_i c_i g_i   (B,) norms
+        if self._clipper is None:
+            norms = microbatch_clipped_sum(per_sample_loss, self._params, max_grad_norm=self.max_grad_norm)
+        else:
+            try:
+                norms = self._clipper.backward(per_sample_loss)  # p.grad = Σ_i c_i g_i   (B,) norms
+            except RuntimeError as err:
+                raise RuntimeError(f"{err}. If the private loss needs a double backward (a gradient penalty) or "
+                                   "couples parameters across modules, use the DPSGD mechanism's mode=microbatch.") from err
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self._params]
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
             flat = torch.cat([g.reshape(-1) for g in grads])

@@ -24,7 +24,12 @@ class DPGAN(GeneratorModule):
     * ``conditional=False`` (DP-GAN): the label is generated jointly as one more one-hot block, so the
       whole row, label included, is protected the same way (``net_layout``).
 
-    Losses: the non-saturating GAN loss (binary cross-entropy). Choices (specs silent): Adam
+    Losses: ``"bce"``, the non-saturating GAN loss, or ``"wgan_gp"``, the Wasserstein loss with a
+    gradient penalty (Gulrajani et al. 2017). Under DP the penalty must be per sample: real row i gets
+    ``ℓ_i = −D(x_i) + λ(||∇_x D(x̂_i)|| − 1)²`` with ``x̂_i = α_i x_i + (1 − α_i) G(z_i)`` (public α_i, z_i),
+    so ℓ_i depends on x_i alone and its clipped gradient keeps the sensitivity at C. A batch-level penalty
+    (one norm over mixed samples) would not. Its parameter gradient needs a double backward, which only
+    DP-SGD's ``mode=microbatch`` computes; the other engines refuse it. Choices (specs silent): Adam
     (lr 2e-4, β = (0.5, 0.999)); categorical blocks through straight-through Gumbel-softmax at τ = 0.2
     so that the discriminator cannot tell real one-hot rows from soft ones; ``n_critic`` discriminator
     steps per generator step (each discriminator step is one private release).
@@ -41,13 +46,15 @@ class DPGAN(GeneratorModule):
     def __init__(self, generator: nn.Module, discriminator: nn.Module, *, n_continuous: int,
                  block_sizes: list[int] | tuple[int, ...] = (), num_classes: int = 1, conditional: bool = True,
                  batch_size: int = 256, lr_g: float = 2e-4, lr_d: float = 2e-4, betas: tuple[float, float] = (0.5, 0.999),
-                 n_critic: int = 1, gumbel_tau: float = 0.2) -> None:
+                 n_critic: int = 1, gumbel_tau: float = 0.2, loss: str = "bce", gp_weight: float = 10.0) -> None:
         super().__init__()
         self.save_hyperparameters(ignore=["generator", "discriminator"])
         self.automatic_optimization = False
         self.generator, self.discriminator = generator, discriminator
         self.conditional = conditional
         self.init_label_buffer(num_classes)
+        if loss not in ("bce", "wgan_gp"):
+            raise ValueError(f"Unknown GAN loss {loss!r}; valid: bce, wgan_gp.")
 
     @staticmethod
     def net_layout(layout: dict[str, Any], module_cfg: Any) -> dict[str, Any]:
@@ -90,24 +97,40 @@ class DPGAN(GeneratorModule):
 
         d_opt.zero_grad()
         real_in, real_y = self._join(x, y)
-        real = F.binary_cross_entropy_with_logits(self.discriminator(real_in, real_y), torch.ones(len(x), device=self.device),
-                                                  reduction="none")  # (B,) private, per sample
+        real = self._real_loss(real_in, real_y)  # (B,) private, per sample
         self.manual_backward(real)
-        fake_loss = F.binary_cross_entropy_with_logits(self.discriminator(fake.detach(), y_fake),
-                                                       torch.zeros(len(fake), device=self.device))  # public
-        self.manual_backward(fake_loss)
+        fake_logits = self.discriminator(fake.detach(), y_fake)
+        if self.hparams.loss == "wgan_gp":
+            fake_loss = fake_logits.mean()
+        else:
+            fake_loss = F.binary_cross_entropy_with_logits(fake_logits, torch.zeros(len(fake), device=self.device))
+        self.manual_backward(fake_loss)  # public: generated rows
         d_opt.step()
 
         if (batch_idx + 1) % self.hparams.n_critic == 0:
             g_opt.zero_grad()
-            g_loss = F.binary_cross_entropy_with_logits(self.discriminator(fake, y_fake),
-                                                        torch.ones(len(fake), device=self.device))
+            logits = self.discriminator(fake, y_fake)
+            g_loss = -logits.mean() if self.hparams.loss == "wgan_gp" else F.binary_cross_entropy_with_logits(
+                logits, torch.ones(len(fake), device=self.device))
             self.manual_backward(g_loss)
             g_opt.step()
             self.log("train/g_loss", g_loss, prog_bar=True)
         self.log("train/d_loss_fake", fake_loss)
         if len(x):
             self.log("train/d_loss_real", real.mean())
+
+    def _real_loss(self, x: Tensor, y: Tensor) -> Tensor:
+        """Per-sample discriminator loss on real rows, shape (B,)."""
+        logits = self.discriminator(x, y)
+        if self.hparams.loss == "bce":
+            return F.binary_cross_entropy_with_logits(logits, torch.ones_like(logits), reduction="none")
+        with torch.no_grad():  # each real row's partner: a generated row (label block included when unconditional)
+            z = torch.randn(len(x), self.generator.latent_dim, device=self.device)
+            partner = self.generator(z, y, gumbel_tau=self.hparams.gumbel_tau)
+        alpha = torch.rand(len(x), 1, device=self.device)
+        x_hat = (alpha * x + (1 - alpha) * partner).requires_grad_(True)  # (B, d)
+        grad_x = torch.autograd.grad(self.discriminator(x_hat, y).sum(), x_hat, create_graph=True)[0]  # per row
+        return -logits + self.hparams.gp_weight * (grad_x.norm(dim=1) - 1).square()
 
     def configure_optimizers(self) -> list[torch.optim.Optimizer]:
         betas = tuple(self.hparams.betas)

@@ -263,3 +263,23 @@ def test_policy_defaults_and_forms():
         load_policy({"checks": ["membership"], "sed": 1})
     with pytest.raises(PolicyError, match="alpha must be in"):
         load_policy({"checks": {"lmdp_mmd": {"alpha": 1.5}}})
+
+
+def test_files_without_a_schema_infer_types_and_skip_utility_without_a_label(run, tmp_path):
+    policy = _policy(tmp_path, {"checks": {"lmdp_mmd": {"n_permutations": 50}, "utility": {"min_roc": 0.5}}})
+    code, dest = _cli(run, tmp_path, "--policy", policy)
+    report = json.loads((dest / "report.json").read_text())
+    assert code == (0 if report["passed"] else 1) and report["ledger"] is None and report["config"] is None
+    assert report["columns"]["categorical"] == ["diagnosis"] and len(report["columns"]["numeric"]) == 30
+    assert (
+        report["checks"]["utility"]["status"] == "skipped"
+        and "no label" in report["checks"]["utility"]["reason"]
+    )
+    assert report["checks"]["lmdp_mmd"]["columns"] == report["columns"]["numeric"]
+    assert [v["check"] for v in report["verdicts"]] == ["lmdp_mmd"]
+    code, dest = _cli(run, tmp_path / "labelled", "--policy", policy, "--label", "diagnosis")
+    report = json.loads((dest / "report.json").read_text())
+    assert (
+        report["checks"]["utility"]["status"] == "ran" and report["checks"]["utility"]["metric"] == "roc_auc"
+    )
+    assert [v["check"] for v in report["verdicts"]] == ["lmdp_mmd", "utility"]

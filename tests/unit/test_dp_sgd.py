@@ -107,13 +107,13 @@ def test_calibrated_noise_spends_the_budget_over_the_planned_steps():
 
 def test_over_budget_step_is_refused_before_noise():
     module = Tiny()
-    mech, ledger = attach(module, sigma=0.5, clip=1.0, eps=0.5, n=100, batch=50)
+    mech, ledger = attach(module, sigma=4.0, clip=1.0, eps=1.0, n=100, batch=50)  # 2 steps fit, not 3
     x = torch.randn(50, 5)
     with pytest.raises(BudgetExceededError):
         for _ in range(100):
             mech._released_this_batch = False
             module.backward(module.per_sample_loss(x))
-    assert ledger.spent <= 0.5
+    assert ledger.spent <= 1.0 and ledger.releases[0].count == 2
 
 
 def test_two_private_backwards_on_one_batch_are_refused():
@@ -135,3 +135,38 @@ def test_refusals():
         DPSGD(ledger=PrivacyLedger(target_epsilon=1, delta=1e-5), datamodule=Data(), noise_multiplier=1.0).on_fit_start(stub, Tiny())
     with pytest.raises(Exception, match="BatchNorm"):
         attach(Tiny(norm="batch"), sigma=1.0, clip=1.0)
+
+
+def test_microbatch_mode_matches_the_fast_engine():
+    x = torch.randn(16, 5)
+    fast, loop = Tiny(), Tiny()
+    attach(fast, sigma=1e-12, clip=0.05)
+    ledger = PrivacyLedger(target_epsilon=1e30, delta=1e-5)
+    mech = DPSGD(ledger=ledger, datamodule=Data(), max_grad_norm=0.05, noise_multiplier=1e-12, mode="microbatch",
+                 noise_seed=0)
+    mech.on_fit_start(trainer_stub(), loop)
+    fast.backward(fast.per_sample_loss(x))
+    loop.backward(loop.per_sample_loss(x))
+    for p, q in zip(fast.parameters(), loop.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-8)
+
+
+def test_a_per_sample_gradient_penalty_is_clipped_per_sample():
+    # WGAN-GP under DP: ℓ_i = −D(x_i) + λ(||∇D(x̂_i)|| − 1)²; microbatch mode clips each ℓ_i's gradient to C.
+    module = Tiny()
+    attach_kw = dict(ledger=PrivacyLedger(target_epsilon=1e30, delta=1e-5), datamodule=Data(), max_grad_norm=0.1,
+                     noise_multiplier=1e-12, mode="microbatch", noise_seed=0)
+    DPSGD(**attach_kw).on_fit_start(trainer_stub(), module)
+    x = torch.randn(8, 5)
+    x_hat = (0.5 * x).requires_grad_(True)
+    grad_x = torch.autograd.grad(module.discriminator(x_hat).sum(), x_hat, create_graph=True)[0]
+    loss = -module.discriminator(x).squeeze(1) + 10 * (grad_x.norm(dim=1) - 1).square()
+    module.backward(loss)
+    total = torch.cat([p.grad.reshape(-1) for p in module.parameters()]).norm() * 32
+    assert 0 < total <= 8 * 0.1 * (1 + 1e-4)
+    with pytest.raises(RuntimeError):  # the one-backward engine refuses the double backward
+        fast = Tiny()
+        attach(fast, sigma=1.0, clip=0.1)
+        x_hat = (0.5 * x).requires_grad_(True)
+        g = torch.autograd.grad(fast.discriminator(x_hat).sum(), x_hat, create_graph=True)[0]
+        fast.backward(-fast.discriminator(x).squeeze(1) + 10 * (g.norm(dim=1) - 1).square())
