@@ -194,3 +194,83 @@ class EmbeddingCanary:
         c = self.canary_y
         residual = released["sums"][c] - sums_d[c].cpu()  # (D',)
         return float(residual @ h / d_sum**2 + (released["counts"][c] - counts_d[c].cpu()) / d_count**2)
+
+
+class SGDCanary:
+    """DP-SGD (the real ``DPSGD`` callback) audited on its released noisy gradients.
+
+    A small per-sample-loss model is fixed (public initialisation); each trial runs ``steps`` private
+    backwards of the callback on D or D ∪ {c} with the model held still, so every step releases
+    ``Σ_i clip(∇ℓ_i) + N(0, σ²C²)``. The attacker knows D and the model, removes D's exact clipped sum,
+    and projects the residual on the direction ``u`` of the canary's clipped gradient::
+
+        score = Σ_t ⟨L·g̃_t − S_D, u⟩ / C
+
+    With the canary's gradient norm ≥ C the score is N(T, Tσ²) with it and N(0, Tσ²) without, the
+    Neyman–Pearson statistic of the T composed releases. Sampling is full-batch (q = 1): the audit then
+    tests clipping, noise and accounting without relying on the secrecy of the sampling.
+
+    Args:
+        rows: D in model space, (n, d).
+        canary: the planted row, (d,).
+        epsilon, delta: the claim; σ is calibrated by the callback for ``steps`` steps.
+        steps: private steps per trial.
+        max_grad_norm: C.
+    """
+
+    def __init__(self, rows: Tensor, canary: Tensor, *, epsilon: float, delta: float, steps: int = 4,
+                 max_grad_norm: float = 1.0) -> None:
+        from torch import nn
+
+        self.rows, self.canary = rows.float(), canary.float().reshape(1, -1)
+        self.epsilon, self.delta, self.steps, self.max_grad_norm = epsilon, delta, steps, max_grad_norm
+        torch.manual_seed(0)  # public initialisation, the same in every trial
+        self.net = nn.Sequential(nn.Linear(rows.shape[1], 16), nn.LayerNorm(16), nn.Tanh(), nn.Linear(16, 1))
+        self._init = {k: v.clone() for k, v in self.net.state_dict().items()}
+        self.clean_sum = self._clipped_sum(self.rows)
+        canary_grad = self._clipped_sum(self.canary)
+        self.direction = canary_grad / canary_grad.norm()  # u, unit vector (P,)
+        self.noise_multiplier: float | None = None
+
+    def _per_sample_loss(self, x: Tensor) -> Tensor:
+        return self.net(x).squeeze(1).square()  # (B,)
+
+    def _clipped_sum(self, x: Tensor) -> Tensor:
+        from lightning_dp.privacy.microbatch import microbatch_clipped_sum
+
+        params = list(self.net.parameters())
+        microbatch_clipped_sum(self._per_sample_loss(x), params, max_grad_norm=self.max_grad_norm)
+        out = torch.cat([p.grad.reshape(-1) for p in params]).detach().clone()
+        for p in params:
+            p.grad = None
+        return out
+
+    def __call__(self, with_canary: bool, seed: int) -> float:
+        from pytorch_lightning import LightningModule
+
+        from lightning_dp.callbacks.dp_sgd import DPSGD
+        from lightning_dp.privacy.ledger import PrivacyLedger
+
+        self.net.load_state_dict(self._init)
+        module = LightningModule()
+        module.discriminator = self.net
+        data = torch.cat([self.rows, self.canary]) if with_canary else self.rows
+        n = len(self.rows) + 1  # the same q = L/N = 1 on both sides: every row is in every batch
+        mech = DPSGD(ledger=PrivacyLedger(target_epsilon=self.epsilon, delta=self.delta),
+                     datamodule=SimpleNamespace(num_rows=n, batch_size=n, use_poisson_sampling=lambda **_: None),
+                     max_grad_norm=self.max_grad_norm, noise_seed=seed)
+        stub = SimpleNamespace(max_steps=self.steps, max_epochs=1, world_size=1, global_rank=0,
+                               accumulate_grad_batches=1, strategy=None,
+                               _accelerator_connector=SimpleNamespace(use_distributed_sampler=False))
+        mech.on_fit_start(stub, module)
+        self.noise_multiplier = mech.noise_multiplier
+        score = 0.0
+        for _ in range(self.steps):
+            mech._released_this_batch = False
+            for p in self.net.parameters():
+                p.grad = None
+            module.backward(self._per_sample_loss(data))
+            released = torch.cat([p.grad.reshape(-1) for p in self.net.parameters()]) * n  # L·g̃_t
+            score += float((released - self.clean_sum) @ self.direction) / self.max_grad_norm
+        mech.on_fit_end(stub, module)
+        return score

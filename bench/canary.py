@@ -7,8 +7,10 @@ and runs ``--trials`` releases with and ``--trials`` without it through the real
 * at the claimed (ε, δ) = (1, 1e-5): the bound must stay below ε = 1 (the audit finds no violation);
 * with the noise switched off (target ε = 1e4, σ ≈ 0.01): the bound must exceed 1 (the audit has power).
 
-Also prints the tight ε of the Gaussian mechanism the attack sees (μ = √2/σ, the sums and counts together):
-what an optimal attack approaches with unboundedly many trials.
+Then the same for DP-SGD (``SGDCanary``: the real ``DPSGD`` callback's noisy gradient releases, full batches).
+
+Also prints the tight ε of the Gaussian mechanism the attack sees (μ = √2/σ for the sums and counts
+together; √T/σ for T DP-SGD steps): what an optimal attack approaches with unboundedly many trials.
 
     python bench/canary.py [--data breast_cancer] [--rows 100] [--trials 500] [--features 200]
 """
@@ -24,7 +26,7 @@ from hydra import compose, initialize_config_dir
 from scipy.optimize import brentq
 from scipy.stats import norm
 
-from audits.canary import EmbeddingCanary, audit_trials
+from audits.canary import EmbeddingCanary, SGDCanary, audit_trials
 from lightning_dp.data.datamodule import PrivateDataModule
 from lightning_dp.privacy.ledger import PrivacyLedger
 from lightning_dp.privacy.mechanisms import noise_generator
@@ -82,6 +84,19 @@ def main() -> None:
             f"{label:26s} σ = {sigma:.4g}: ε lower bound {res.epsilon_lower_bound:.3f} (FP {res.false_positives}/"
             f"{res.n_negatives}, FN {res.false_negatives}/{res.n_positives}); tight ε of the attacked Gaussian "
             f"{gdp_epsilon(math.sqrt(2) / sigma, DELTA):.3f}; {time.perf_counter() - start:.0f} s"
+        )
+    steps = 4
+    print(f"\nDP-SGD (the DPSGD callback, full batches, {steps} steps, C = 1) on the same D, canary far from D:")
+    far = canary_x[0] * 0 + 5.0
+    for label, epsilon in (("claimed ε = 1", 1.0), ("noise off (ε target 1e4)", 1e4)):
+        trial = SGDCanary(dm.x, far, epsilon=epsilon, delta=DELTA, steps=steps)
+        start = time.perf_counter()
+        res = audit_trials(trial, trials=args.trials, delta=DELTA)
+        sigma = trial.noise_multiplier
+        print(
+            f"{label:26s} σ = {sigma:.4g}: ε lower bound {res.epsilon_lower_bound:.3f} (FP {res.false_positives}/"
+            f"{res.n_negatives}, FN {res.false_negatives}/{res.n_positives}); tight ε of the attacked Gaussian "
+            f"{gdp_epsilon(math.sqrt(steps) / sigma, DELTA):.3f}; {time.perf_counter() - start:.0f} s"
         )
 
 

@@ -83,8 +83,9 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     pl.seed_everything(cfg.seed, workers=True)
     noise_seed = cfg.privacy.get("noise_seed")
     dm = PrivateDataModule(**cfg.data)
-    dm.prepare(ledger, generator=mech.noise_generator(noise_seed), state=None if state is None else state["data"])
-    check_delta(ledger.delta, dm.num_rows, allow_large_delta=cfg.privacy.get("allow_large_delta", False))
+    allow = cfg.privacy.get("allow_large_delta", False)
+    dm.prepare(ledger, generator=mech.noise_generator(noise_seed), state=None if state is None else state["data"],
+               check_rows=lambda n: check_delta(ledger.delta, n, allow_large_delta=allow))
     model = build_model(cfg.model, dm.layout)
     if state is not None:
         model.load_state_dict(ckpt["state_dict"])
@@ -97,7 +98,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     trainer = pl.Trainer(**cfg.trainer, default_root_dir=str(out), callbacks=[record, *mechanisms, checkpointing],
                          plugins=[AtomicCheckpointIO()], logger=pl.loggers.CSVLogger(str(out), name="logs"))
     record.write_ledger()
-    fit_kwargs: dict[str, Any] = {"ckpt_path": str(resume) if resume else None}
+    fit_kwargs: dict[str, Any] = {"ckpt_path": str(resume) if resume else None, "weights_only": True}
     if getattr(model, "uses_private_batches", False):
         fit_kwargs["datamodule"] = dm
     trainer.fit(model, **fit_kwargs)

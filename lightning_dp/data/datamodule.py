@@ -8,7 +8,7 @@ Poisson sampling). The held-out split never reaches a generator; audits use it a
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -74,33 +74,38 @@ class PrivateDataModule(LightningDataModule):
         n_hold = int(round(self.holdout_fraction * n))
         return np.sort(perm[n_hold:]), np.sort(perm[:n_hold])
 
-    def prepare(self, ledger: PrivacyLedger, *, generator: torch.Generator, state: dict[str, Any] | None = None) -> None:
+    def prepare(self, ledger: PrivacyLedger, *, generator: torch.Generator, state: dict[str, Any] | None = None,
+                check_rows: Callable[[int], None] | None = None) -> None:
         """Load and encode the private data; release (and charge) schema facts that are not public.
 
         Args:
             ledger: the run's ledger.
             generator: noise generator for the DP schema releases.
             state: a saved ``state_dict`` (resume, sampling): its encoder is reused and nothing is released.
+            check_rows: called with the number of training rows before anything is released (e.g. the
+                δ < 1/n check), so that a refused run has touched nothing.
         """
         source = self._load()
         if isinstance(source, ImageSource):
-            self._prepare_images(source)
+            self._prepare_images(source, check_rows)
         else:
-            self._prepare_tabular(source, ledger, generator, state)
+            self._prepare_tabular(source, ledger, generator, state, check_rows)
         log.info("Data %r: %d private training rows, model-space width %d.", self.name, len(self.x), self.x.shape[1])
 
-    def _prepare_images(self, source: ImageSource) -> None:
+    def _prepare_images(self, source: ImageSource, check_rows: Callable[[int], None] | None) -> None:
         self.kind = "image"
         self.image_shape = tuple(source.images.shape[1:])
         self.classes = source.classes
         train_idx, hold_idx = self._split(len(source.images))
         train_idx = train_idx[: self.max_rows] if self.max_rows else train_idx
+        if check_rows is not None:
+            check_rows(len(train_idx))
         self.x = torch.from_numpy(source.images[train_idx].reshape(len(train_idx), -1)).float()
         self.y = torch.from_numpy(source.labels[train_idx])
         self.holdout = (source.images[hold_idx], source.labels[hold_idx])
 
     def _prepare_tabular(self, source: TabularSource, ledger: PrivacyLedger, generator: torch.Generator,
-                         state: dict[str, Any] | None) -> None:
+                         state: dict[str, Any] | None, check_rows: Callable[[int], None] | None) -> None:
         self.kind = "tabular"
         schema = source.schema
         train = validate(source.train, schema, source=f"the {source.name} training data")
@@ -113,6 +118,8 @@ class PrivateDataModule(LightningDataModule):
             train = train.iloc[: self.max_rows].reset_index(drop=True)
         if len(train) == 0:
             raise DataError(f"The {source.name} training data has no rows.")
+        if check_rows is not None:
+            check_rows(len(train))
         if state is not None:
             schema = Schema.from_dict(state["schema"])
         elif needs_release(schema):

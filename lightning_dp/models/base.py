@@ -27,12 +27,22 @@ class GeneratorModule(LightningModule):
 
     @torch.no_grad()
     def sample(self, n: int, labels: Tensor | None = None, *, seed: int | None = None) -> tuple[Tensor, Tensor]:
-        """``n`` synthetic rows ``(x, y)``; one-hot blocks are sampled (hard), not probabilities."""
-        gen = torch.Generator().manual_seed(seed) if seed is not None else None
-        was_training = self.training
-        self.eval()
-        y = self.sample_labels(n, generator=gen) if labels is None else labels.to(self.device)
-        z = torch.randn(n, self.generator.latent_dim, generator=gen).to(self.device)
-        x = self.generator(z, y, hard=True)
-        self.train(was_training)
-        return x, y
+        """``n`` synthetic rows ``(x, y)``; one-hot blocks are sampled (hard), not probabilities.
+
+        With ``seed`` every random draw (labels, latent noise, categories) is reproducible; the global
+        random state outside this call is left as it was.
+        """
+        with torch.random.fork_rng(devices=[] if self.device.type == "cpu" else [self.device]):
+            if seed is not None:
+                torch.manual_seed(seed)
+            was_training = self.training
+            self.eval()
+            try:
+                return self._sample(n, labels)
+            finally:
+                self.train(was_training)
+
+    def _sample(self, n: int, labels: Tensor | None) -> tuple[Tensor, Tensor]:
+        y = self.sample_labels(n) if labels is None else labels.to(self.device)
+        z = torch.randn(n, self.generator.latent_dim, device=self.device)
+        return self.generator(z, y, hard=True), y

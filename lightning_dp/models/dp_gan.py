@@ -76,16 +76,10 @@ class DPGAN(GeneratorModule):
         out = self.generator(z, y, hard=hard, gumbel_tau=self.hparams.gumbel_tau if gumbel else None)
         return out, y
 
-    @torch.no_grad()
-    def sample(self, n: int, labels: Tensor | None = None, *, seed: int | None = None) -> tuple[Tensor, Tensor]:
+    def _sample(self, n: int, labels: Tensor | None) -> tuple[Tensor, Tensor]:
         if self.conditional:
-            return super().sample(n, labels, seed=seed)
-        if seed is not None:
-            torch.manual_seed(seed)
-        was_training = self.training
-        self.eval()
+            return super()._sample(n, labels)
         out, _ = self._generate(n, hard=True)
-        self.train(was_training)
         c = self.num_classes
         return out[:, :-c], out[:, -c:].argmax(1)  # the label block → labels
 

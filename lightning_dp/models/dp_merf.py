@@ -40,6 +40,11 @@ class DPMERF(GeneratorModule):
         num_classes: label classes (1 = unlabelled).
         num_features: number of random features D.
         bandwidth: RFF bandwidth ℓ on [0, 1]-scaled columns; ``None`` = DP estimate.
+        bandwidth_scale: multiplies the DP estimate (the root-mean-square pairwise distance). The median
+            heuristic ignores the privacy noise: the noise norm in the target is ≈ σ·sqrt(D)/n_c whatever
+            ℓ is, while the signal ``||μ_c||² = E k(x, x')`` grows with ℓ, so small data sets need a wider
+            kernel. Measured on breast cancer (455 rows, ε = 1): ℓ ≈ 0.27 (scale 1) gives TSTR ROC ≈ 0.6,
+            ℓ ≈ 1 gives ≈ 0.95-0.98 (the non-private ceiling is 0.99).
         batch_size: synthetic rows per step.
         steps_per_epoch: generator steps per epoch (all free in privacy terms).
         lr: Adam learning rate.
@@ -49,7 +54,8 @@ class DPMERF(GeneratorModule):
     embedding_name = "dp_merf/embedding"
 
     def __init__(self, generator: nn.Module, *, n_continuous: int, block_sizes: list[int] | tuple[int, ...] = (),
-                 num_classes: int = 1, num_features: int = 2000, bandwidth: float | None = None,
+                 num_classes: int = 1, num_features: int = 500, bandwidth: float | None = None,
+                 bandwidth_scale: float = 1.0,
                  batch_size: int = 1000, steps_per_epoch: int = 100, lr: float = 1e-2, rff_seed: int = 0) -> None:
         super().__init__()
         self.save_hyperparameters(ignore=["generator"])
@@ -83,10 +89,10 @@ class DPMERF(GeneratorModule):
         return bool(torch.isnan(self.rff.bandwidth))
 
     def set_bandwidth_from_msd(self, msd: float) -> None:
-        """Median heuristic from the DP mean squared pairwise distance: ``ℓ = sqrt(E||x − x'||²)``, floored
-        at a public 0.05·sqrt(d) so that noise cannot make it vanish."""
+        """Median heuristic from the DP mean squared pairwise distance: ``ℓ = scale · sqrt(E||x − x'||²)``,
+        floored at a public 0.05·sqrt(d) so that noise cannot make it vanish."""
         floor = 0.05 * math.sqrt(self.hparams.n_continuous)
-        self.rff.bandwidth.fill_(max(math.sqrt(max(msd, 0.0)), floor))
+        self.rff.bandwidth.fill_(self.hparams.bandwidth_scale * max(math.sqrt(max(msd, 0.0)), floor))
         log.info("DP-MERF bandwidth ℓ = %.4g (DP estimate)", float(self.rff.bandwidth))
 
     def is_released(self) -> bool:

@@ -103,3 +103,16 @@ def test_many_trials_on_real_rows_stay_below_the_tight_epsilon(model_cfg):
         delta=DELTA,
     )
     assert audit_trials(trial, trials=500, delta=DELTA).epsilon_lower_bound < 0.913
+
+
+def test_dp_sgd_bound_stays_below_its_epsilon_and_exceeds_it_with_the_noise_off():
+    from audits.canary import SGDCanary
+
+    gen = torch.Generator().manual_seed(0)
+    rows = torch.rand(30, 6, generator=gen)
+    canary = torch.full((6,), 5.0)  # far from D: its gradient is clipped to exactly C
+    private = audit_trials(SGDCanary(rows, canary, epsilon=1.0, delta=1e-5, steps=3), trials=60, delta=1e-5)
+    assert private.epsilon_lower_bound < 1.0
+    noiseless = SGDCanary(rows, canary, epsilon=1e4, delta=1e-5, steps=3)
+    bound = audit_trials(noiseless, trials=60, delta=1e-5).epsilon_lower_bound
+    assert noiseless.noise_multiplier < 0.05 and bound > 1.0

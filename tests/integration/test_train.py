@@ -160,3 +160,33 @@ def test_csv_with_a_bad_cell_names_it(tmp_path):
         train(make_cfg(tmp_path / "run", "data=csv", f"data.path={tmp_path / 'rows.csv'}",
                        f"data.schema={tmp_path / 'schema.yaml'}"))
     assert not (tmp_path / "run" / "ledger.json").exists()
+
+
+def test_unlabelled_csv_trains_an_unconditional_model(tmp_path):
+    import yaml
+
+    from tests.unit.test_data import toy_frame, toy_schema
+
+    df = toy_frame(n=500).drop(columns=["label"])
+    df.to_csv(tmp_path / "rows.csv", index=False)
+    schema = toy_schema().to_dict()
+    schema["label"] = None
+    schema["columns"] = [c for c in schema["columns"] if c["name"] != "label"]
+    (tmp_path / "schema.yaml").write_text(yaml.safe_dump(schema))
+    result = train(make_cfg(tmp_path / "run", "data=csv", f"data.path={tmp_path / 'rows.csv'}",
+                            f"data.schema={tmp_path / 'schema.yaml'}"))
+    synth = pd.read_csv(result["synthetic"])
+    assert list(synth.columns) == ["age", "income", "city"]
+    ledger = json.loads(Path(result["ledger"]).read_text())
+    assert ledger["epsilon"] <= 1.0
+
+
+def test_sampling_with_a_seed_is_reproducible(run, tmp_path):
+    from lightning_dp.sample import sample_checkpoint
+
+    _, result = run
+    a = pd.read_csv(sample_checkpoint(result["checkpoint"], 300, tmp_path / "a.csv", seed=7))
+    b = pd.read_csv(sample_checkpoint(result["checkpoint"], 300, tmp_path / "b.csv", seed=7))
+    c = pd.read_csv(sample_checkpoint(result["checkpoint"], 300, tmp_path / "c.csv", seed=8))
+    pd.testing.assert_frame_equal(a, b)
+    assert not a.equals(c)
