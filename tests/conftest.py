@@ -13,7 +13,11 @@ SHARED_DATA = ROOT.parent / "shared" / "data"
 
 TINY = ["trainer.max_epochs=1", "trainer.enable_progress_bar=false", "trainer.log_every_n_steps=1"]
 # one-shot embedding models (dp_merf, pearl): few steps on small embeddings
-TINY_ONE_SHOT = ["model.module.steps_per_epoch=5", "model.module.num_features=200", "model.module.batch_size=200"]
+TINY_ONE_SHOT = [
+    "model.module.steps_per_epoch=5",
+    "model.module.num_features=200",
+    "model.module.batch_size=200",
+]
 ONE_SHOT = ("dp_merf", "pearl")
 
 
@@ -23,6 +27,18 @@ def make_cfg(tmp_path: Path, *overrides: str) -> DictConfig:
     tiny = TINY + (TINY_ONE_SHOT if model in ONE_SHOT else [])
     with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
         return compose("train", overrides=[*tiny, f"output_dir={tmp_path}", *overrides])
+
+
+@pytest.fixture(scope="module")
+def single_thread():
+    """One intra-op thread for modules of many tiny tensor ops (OpenMP spinning costs more than it gives on
+    2 busy cores)."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
 
 
 def shared(*parts: str) -> Path:

@@ -5,19 +5,10 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
-import torch
 
 from audits.disclosure import attribute_disclosure, presence_curve, presence_disclosure
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _single_thread():
-    """Many tiny tensor ops: one intra-op thread avoids OpenMP spin overhead (large on a busy 2-core box)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 # ---------------------------------------------------------------------------------------------- presence
 # 1-D toy (already numeric, so no encoder): synthetic {0, 10}
@@ -103,6 +94,7 @@ SYNTHETIC = pd.DataFrame(
         "smoker": ["no", "yes", "yes", "yes"],
     }
 )
+
 BASELINE = pd.DataFrame({"age": [30, 70], "sex": ["F", "M"], "bp": [100.0, 140], "smoker": ["yes", "no"]})
 KW = {"known_columns": ["age", "sex"], "numeric_columns": ["age", "bp"]}
 

@@ -9,14 +9,7 @@ from scipy.stats import binom
 
 from audits.lmdp import alpha_lmdp_audit, ksd_test, mmd_permutation_test
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _single_thread():
-    """Many tiny tensor ops: one intra-op thread avoids OpenMP spin overhead (large on a busy 2-core box)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 ALPHA = 0.05

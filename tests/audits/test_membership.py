@@ -4,20 +4,12 @@ import json
 
 import numpy as np
 import pytest
-import torch
 from scipy.stats import gaussian_kde
 from sklearn.metrics import roc_auc_score
 
 from audits.membership import ATTACKS, evaluate_scores, gaussian_kde_logpdf, roc_auc, run_attack, tpr_at_fpr
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _single_thread():
-    """Many tiny tensor ops: one intra-op thread avoids OpenMP spin overhead (large on a busy 2-core box)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 D = 10

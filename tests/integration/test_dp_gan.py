@@ -35,16 +35,33 @@ def test_dp_cgan_accounts_every_step_and_spends_the_target(tmp_path):
 
 
 def test_training_stops_at_the_budget(tmp_path):
-    train(make_cfg(tmp_path, "model=dp_cgan", *GAN, "trainer.max_epochs=100",
-                   "model.mechanisms.1.noise_multiplier=2.5"))
+    train(
+        make_cfg(
+            tmp_path,
+            "model=dp_cgan",
+            *GAN,
+            "trainer.max_epochs=100",
+            "model.mechanisms.1.noise_multiplier=2.5",
+        )
+    )
     ledger = ledger_of(tmp_path)
     assert ledger["epsilon"] <= 1.0
     assert 0 < steps(ledger) < 100 * 7  # stopped by the ledger, not by max_epochs
     from lightning_dp.privacy.ledger import BudgetExceededError
 
-    with pytest.raises(BudgetExceededError, match="Not one DP-SGD step fits"):  # the budget is spent: resume refuses
-        train(make_cfg(tmp_path, "model=dp_cgan", *GAN, "trainer.max_epochs=200", "resume=last",
-                       "model.mechanisms.1.noise_multiplier=2.5"))
+    with pytest.raises(
+        BudgetExceededError, match="Not one DP-SGD step fits"
+    ):  # the budget is spent: resume refuses
+        train(
+            make_cfg(
+                tmp_path,
+                "model=dp_cgan",
+                *GAN,
+                "trainer.max_epochs=200",
+                "resume=last",
+                "model.mechanisms.1.noise_multiplier=2.5",
+            )
+        )
     assert ledger_of(tmp_path) == ledger
 
 
@@ -57,11 +74,29 @@ def test_a_noise_level_that_fits_no_step_is_refused_before_training(tmp_path):
 
 def test_resume_continues_the_spend(tmp_path):
     eps = "privacy.epsilon=10"
-    train(make_cfg(tmp_path, "model=dp_gan", *GAN, "trainer.max_epochs=4", "model.mechanisms.0.noise_multiplier=3.0", eps))
+    train(
+        make_cfg(
+            tmp_path,
+            "model=dp_gan",
+            *GAN,
+            "trainer.max_epochs=4",
+            "model.mechanisms.0.noise_multiplier=3.0",
+            eps,
+        )
+    )
     first = ledger_of(tmp_path)
     ckpt = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)
-    train(make_cfg(tmp_path, "model=dp_gan", *GAN, "trainer.max_epochs=8", "model.mechanisms.0.noise_multiplier=3.0",
-                   "resume=last", eps))
+    train(
+        make_cfg(
+            tmp_path,
+            "model=dp_gan",
+            *GAN,
+            "trainer.max_epochs=8",
+            "model.mechanisms.0.noise_multiplier=3.0",
+            "resume=last",
+            eps,
+        )
+    )
     second = ledger_of(tmp_path)
     assert steps(second) == 2 * steps(first) == 56
     assert second["epsilon"] > first["epsilon"]
@@ -78,13 +113,26 @@ def test_unconditional_dp_gan_generates_the_label_too(tmp_path):
 
 @pytest.mark.ddp
 def test_two_process_ddp_on_cpu_matches_one_process(tmp_path):
-    common = ["model=dp_cgan", *GAN, "trainer.max_epochs=1", "trainer.enable_progress_bar=false",
-              "model.module.batch_size=32"]
+    common = [
+        "model=dp_cgan",
+        *GAN,
+        "trainer.max_epochs=1",
+        "trainer.enable_progress_bar=false",
+        "model.module.batch_size=32",
+    ]
     runs = {}
-    for name, extra in {"one": [], "ddp": ["trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2"]}.items():
+    for name, extra in {
+        "one": [],
+        "ddp": ["trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2"],
+    }.items():
         out = tmp_path / name
-        proc = subprocess.run([sys.executable, "train.py", *common, *extra, f"output_dir={out}"], cwd=ROOT,
-                              capture_output=True, text=True, timeout=600)
+        proc = subprocess.run(
+            [sys.executable, "train.py", *common, *extra, f"output_dir={out}"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert proc.returncode == 0, proc.stderr[-3000:]
         runs[name] = ledger_of(out)
     assert runs["ddp"]["epsilon"] == runs["one"]["epsilon"]

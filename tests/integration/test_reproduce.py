@@ -2,6 +2,7 @@
 
 import importlib.util
 import re
+import sys
 
 import numpy as np
 import pandas as pd
@@ -10,21 +11,35 @@ from sklearn.metrics import accuracy_score, average_precision_score, roc_auc_sco
 
 from tests.conftest import ROOT, TINY, TINY_ONE_SHOT
 
-spec = importlib.util.spec_from_file_location("reproduce", ROOT / "bench" / "reproduce.py")
-rp = importlib.util.module_from_spec(spec)
+spec = importlib.util.spec_from_file_location("bench_reproduce", ROOT / "bench" / "reproduce.py")
+rp = sys.modules["bench_reproduce"] = importlib.util.module_from_spec(spec)  # a script, not a package module
 spec.loader.exec_module(rp)
 
 PAPER_ROW = "DP-MERF (1, 1e-5)"
 TINY_TABLE = rp.Table(
-    name="tiny_breast", title="DP-MERF on breast cancer, tiny", source="a test table", kind="tabular",
+    name="tiny_breast",
+    title="DP-MERF on breast cancer, tiny",
+    source="a test table",
+    kind="tabular",
     privacy=[1.0, 1e-5],
-    runs=[rp.Run(label="DP-MERF", experiment=None, paper=PAPER_ROW,
-                 overrides=("model=dp_merf", "data=breast_cancer", *TINY, *TINY_ONE_SHOT, "privacy.noise_seed=0"))],
+    runs=[
+        rp.Run(
+            label="DP-MERF",
+            experiment=None,
+            paper=PAPER_ROW,
+            overrides=("model=dp_merf", "data=breast_cancer", *TINY, *TINY_ONE_SHOT, "privacy.noise_seed=0"),
+        )
+    ],
     paper={"Real": {"roc": 0.912, "prc": 0.834}, PAPER_ROW: {"roc": 0.613, "prc": 0.524}},
-    compare=[("roc_auc_hard", "roc", "ROC (hard)"), ("prc_hard", "prc", "PRC (hard)")], extra=["roc_auc"],
-    fit=["logistic_regression", "gaussian_nb"], average=["logistic_regression", "gaussian_nb"], seeds=1,
+    compare=[("roc_auc_hard", "roc", "ROC (hard)"), ("prc_hard", "prc", "PRC (hard)")],
+    extra=["roc_auc"],
+    fit=["logistic_regression", "gaussian_nb"],
+    average=["logistic_regression", "gaussian_nb"],
+    seeds=1,
     per_classifier={PAPER_ROW: {"logistic_regression": [0.701, 0.602], "gaussian_nb": [0.503, 0.404]}},
-    per_classifier_title="a per-classifier table", notes=["a protocol note"], missing=["census: no data"],
+    per_classifier_title="a per-classifier table",
+    notes=["a protocol note"],
+    missing=["census: no data"],
 )
 
 
@@ -37,9 +52,16 @@ def cells(text: str, first: str) -> list[str]:
 @pytest.fixture(scope="module")
 def section(tmp_path_factory):
     logs: list[str] = []
-    sections = rp.reproduce([TINY_TABLE], seeds=1, quick=False, validate=False, extra=[],
-                            out=tmp_path_factory.mktemp("runs"), command="python bench/reproduce.py --table tiny",
-                            log=logs.append)
+    sections = rp.reproduce(
+        [TINY_TABLE],
+        seeds=1,
+        quick=False,
+        validate=False,
+        extra=[],
+        out=tmp_path_factory.mktemp("runs"),
+        command="python bench/reproduce.py --table tiny",
+        log=logs.append,
+    )
     assert any("trained DP-MERF (seed 0)" in line for line in logs)
     return sections["tiny_breast"]
 
@@ -48,7 +70,15 @@ def test_table_has_our_numbers_beside_the_papers(section):
     assert section.startswith("## tiny_breast: DP-MERF on breast cancer, tiny")
     assert "`python bench/reproduce.py --table tiny`" in section
     header = cells(section, "method")
-    assert header == ["method", "(ε, δ) spent", "ROC (hard): ours", "paper", "PRC (hard): ours", "paper", "ROC (score)"]
+    assert header == [
+        "method",
+        "(ε, δ) spent",
+        "ROC (hard): ours",
+        "paper",
+        "PRC (hard): ours",
+        "paper",
+        "ROC (score)",
+    ]
     ours = cells(section, "DP-MERF")
     assert ours[1] == "(1.000, 1e-5)"  # the ledger spent the whole target and no more
     assert ours[3] == "0.613" and ours[5] == "0.524"  # the paper's column
@@ -82,8 +112,15 @@ def test_prc_at_the_papers_prevalence_matches_an_undersampled_test_set():
     # our test set: 250 positives, 750 negatives; TPR = 0.6, FPR = 0.2
     y = np.r_[np.ones(250), np.zeros(750)]
     pred = np.r_[np.ones(150), np.zeros(100), np.ones(150), np.zeros(600)]
-    per_seed = pd.DataFrame({"seed": [0], "model": ["m"], "roc_auc_hard": [roc_auc_score(y, pred)],
-                             "accuracy": [accuracy_score(y, pred)], "prc_hard": [average_precision_score(y, pred)]})
+    per_seed = pd.DataFrame(
+        {
+            "seed": [0],
+            "model": ["m"],
+            "roc_auc_hard": [roc_auc_score(y, pred)],
+            "accuracy": [accuracy_score(y, pred)],
+            "prc_hard": [average_precision_score(y, pred)],
+        }
+    )
     derived = rp.with_paper_prevalence(per_seed, 0.25, 0.5)["prc_hard_at_paper_prevalence"].item()
     keep = np.r_[np.arange(250), 250 + np.r_[np.arange(50), 150 + np.arange(200)]]  # 250 negatives, FPR kept
     assert pred[250:][keep[250:] - 250].mean() == pytest.approx(0.2)
@@ -105,11 +142,21 @@ def test_validation_split_comes_from_the_training_rows_only(tmp_path):
 
 def test_registry_tables_compose_and_name_their_paper_rows():
     tables = rp.load_tables()
-    assert {"dp_merf_adult", "dp_merf_cervical", "dp_cgan_adult", "pearl_adult", "dp_merf_mnist", "pearl_mnist",
-            "bias_breast"} <= set(tables)
+    assert {
+        "dp_merf_adult",
+        "dp_merf_cervical",
+        "dp_cgan_adult",
+        "pearl_adult",
+        "dp_merf_mnist",
+        "pearl_mnist",
+        "bias_breast",
+    } <= set(tables)
     for table in tables.values():
         for run in table.runs:
             assert run.paper in table.paper, (table.name, run.label)
             cfg = rp.compose_cfg([f"experiment={run.experiment}", *run.overrides])
             eps = np.atleast_1d(table.privacy[0])
-            assert cfg.privacy.epsilon in eps and cfg.privacy.delta == table.privacy[1], (table.name, run.label)
+            assert cfg.privacy.epsilon in eps and cfg.privacy.delta == table.privacy[1], (
+                table.name,
+                run.label,
+            )

@@ -36,7 +36,11 @@ def test_run_writes_every_artefact_and_spends_exactly_the_target(run):
     assert ledger["target_epsilon"] == 1.0 and ledger["delta"] == 1e-5
     assert ledger["epsilon"] <= 1.0 and ledger["epsilon"] == pytest.approx(1.0, rel=0.01)
     names = [r["name"] for r in ledger["releases"]]
-    assert names == ["dp_merf/embedding/bandwidth_moments", "dp_merf/embedding", "dp_merf/embedding/class_counts"]
+    assert names == [
+        "dp_merf/embedding/bandwidth_moments",
+        "dp_merf/embedding",
+        "dp_merf/embedding/class_counts",
+    ]
     for r in ledger["releases"]:
         assert {"mechanism", "sensitivity", "noise_multiplier", "count", "epsilon_alone"} <= set(r)
     ckpt = torch.load(result["checkpoint"], weights_only=True)
@@ -57,8 +61,23 @@ def test_synthetic_csv_has_the_users_columns(run):
 def test_sample_in_a_new_process(run, tmp_path):
     _, result = run
     out = tmp_path / "synth.csv"
-    proc = subprocess.run([sys.executable, "-m", "lightning_dp.sample", result["checkpoint"], "--num-rows", "1234",
-                           "--out", str(out), "--seed", "3"], capture_output=True, text=True, cwd=ROOT)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "lightning_dp.sample",
+            result["checkpoint"],
+            "--num-rows",
+            "1234",
+            "--out",
+            str(out),
+            "--seed",
+            "3",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     assert proc.returncode == 0, proc.stderr
     df = pd.read_csv(out)
     assert df.shape == (1234, 31)
@@ -73,7 +92,9 @@ def test_resume_keeps_the_ledger_and_releases_nothing(run, tmp_path):
     again = train(cfg2)
     after = json.loads(Path(again["ledger"]).read_text())
     assert after["epsilon"] == before["epsilon"]
-    assert [(r["name"], r["count"]) for r in after["releases"]] == [(r["name"], r["count"]) for r in before["releases"]]
+    assert [(r["name"], r["count"]) for r in after["releases"]] == [
+        (r["name"], r["count"]) for r in before["releases"]
+    ]
     assert torch.load(again["checkpoint"], weights_only=True)["global_step"] == 10
 
 
@@ -107,15 +128,18 @@ def test_interrupted_run_resumes_from_the_checkpoint_written_after_the_release(t
     assert torch.load(resumed["checkpoint"], weights_only=True)["global_step"] == 10
 
 
-@pytest.mark.parametrize("override,error,match", [
-    ("privacy.epsilon=0", ValueError, "privacy.epsilon must be"),
-    ("privacy.epsilon=-1", ValueError, "privacy.epsilon must be"),
-    ("privacy.delta=1", ValueError, "privacy.delta must be in"),
-    ("privacy.delta=0.01", ValueError, "not below 1/n"),
-    ("model.name=gan9000", ValueError, "Unknown model 'gan9000'; valid: dp_merf"),
-    ("data.name=nope", ValueError, "Unknown data set 'nope'"),
-    ("resume=/nonexistent.ckpt", CheckpointError, "does not exist"),
-])
+@pytest.mark.parametrize(
+    "override,error,match",
+    [
+        ("privacy.epsilon=0", ValueError, "privacy.epsilon must be"),
+        ("privacy.epsilon=-1", ValueError, "privacy.epsilon must be"),
+        ("privacy.delta=1", ValueError, "privacy.delta must be in"),
+        ("privacy.delta=0.01", ValueError, "not below 1/n"),
+        ("model.name=gan9000", ValueError, "Unknown model 'gan9000'; valid: dp_merf"),
+        ("data.name=nope", ValueError, "Unknown data set 'nope'"),
+        ("resume=/nonexistent.ckpt", CheckpointError, "does not exist"),
+    ],
+)
 def test_bad_input_fails_clearly_and_writes_nothing(tmp_path, override, error, match):
     with pytest.raises(error, match=match):
         train(make_cfg(tmp_path, override))
@@ -137,9 +161,16 @@ def test_csv_with_missing_values_reproduces_their_rate(tmp_path):
     df = toy_frame(n=3000, seed=2)
     df.to_csv(tmp_path / "rows.csv", index=False)
     (tmp_path / "schema.yaml").write_text(yaml.safe_dump(toy_schema().to_dict()))
-    cfg = make_cfg(tmp_path / "run", "data=csv", f"data.path={tmp_path / 'rows.csv'}",
-                   f"data.schema={tmp_path / 'schema.yaml'}", "trainer.max_epochs=4", "model.module.steps_per_epoch=50",
-                   "privacy.epsilon=10", "num_samples=4000")
+    cfg = make_cfg(
+        tmp_path / "run",
+        "data=csv",
+        f"data.path={tmp_path / 'rows.csv'}",
+        f"data.schema={tmp_path / 'schema.yaml'}",
+        "trainer.max_epochs=4",
+        "model.module.steps_per_epoch=50",
+        "privacy.epsilon=10",
+        "num_samples=4000",
+    )
     result = train(cfg)
     synth = pd.read_csv(result["synthetic"])
     assert list(synth.columns) == ["age", "income", "city", "label"]
@@ -157,8 +188,14 @@ def test_csv_with_a_bad_cell_names_it(tmp_path):
     df.to_csv(tmp_path / "rows.csv", index=False)
     (tmp_path / "schema.yaml").write_text(yaml.safe_dump(toy_schema().to_dict()))
     with pytest.raises(DataError, match="rows 17"):
-        train(make_cfg(tmp_path / "run", "data=csv", f"data.path={tmp_path / 'rows.csv'}",
-                       f"data.schema={tmp_path / 'schema.yaml'}"))
+        train(
+            make_cfg(
+                tmp_path / "run",
+                "data=csv",
+                f"data.path={tmp_path / 'rows.csv'}",
+                f"data.schema={tmp_path / 'schema.yaml'}",
+            )
+        )
     assert not (tmp_path / "run" / "ledger.json").exists()
 
 
@@ -173,8 +210,14 @@ def test_unlabelled_csv_trains_an_unconditional_model(tmp_path):
     schema["label"] = None
     schema["columns"] = [c for c in schema["columns"] if c["name"] != "label"]
     (tmp_path / "schema.yaml").write_text(yaml.safe_dump(schema))
-    result = train(make_cfg(tmp_path / "run", "data=csv", f"data.path={tmp_path / 'rows.csv'}",
-                            f"data.schema={tmp_path / 'schema.yaml'}"))
+    result = train(
+        make_cfg(
+            tmp_path / "run",
+            "data=csv",
+            f"data.path={tmp_path / 'rows.csv'}",
+            f"data.schema={tmp_path / 'schema.yaml'}",
+        )
+    )
     synth = pd.read_csv(result["synthetic"])
     assert list(synth.columns) == ["age", "income", "city"]
     ledger = json.loads(Path(result["ledger"]).read_text())

@@ -23,12 +23,14 @@ def toy_schema(**overrides) -> Schema:
 
 def toy_frame(n: int = 200, seed: int = 0) -> pd.DataFrame:
     rng = np.random.default_rng(seed)
-    df = pd.DataFrame({
-        "age": rng.integers(18, 90, n).astype(str),
-        "income": np.round(rng.uniform(0, 1000, n), 2).astype(str),
-        "city": rng.choice(["a", "b", "c"], n),
-        "label": rng.choice(["no", "yes"], n),
-    })
+    df = pd.DataFrame(
+        {
+            "age": rng.integers(18, 90, n).astype(str),
+            "income": np.round(rng.uniform(0, 1000, n), 2).astype(str),
+            "city": rng.choice(["a", "b", "c"], n),
+            "label": rng.choice(["no", "yes"], n),
+        }
+    )
     df.loc[rng.random(n) < 0.3, "income"] = "?"
     df.loc[rng.random(n) < 0.1, "city"] = "?"
     return df
@@ -73,19 +75,24 @@ def test_round_trip_keeps_columns_dtypes_and_missing():
 def test_one_hot_blocks_have_one_one_each():
     enc = TabularEncoder(toy_schema())
     x, _ = enc.transform(validate(toy_frame(), toy_schema()))
-    cat = x[:, enc.n_continuous:]
+    cat = x[:, enc.n_continuous :]
     assert float(cat.sum(1).unique().item()) == len(enc.blocks)
 
 
 def test_dp_release_of_missing_bounds_and_categories_is_charged():
     rng = np.random.default_rng(1)
     n = 20_000
-    df = pd.DataFrame({"x": rng.normal(50, 10, n).round(3).astype(str),
-                       "c": rng.choice(["p", "q", "r"], n, p=[0.5, 0.3, 0.2]),
-                       "y": rng.choice(["0", "1"], n)})
+    df = pd.DataFrame(
+        {
+            "x": rng.normal(50, 10, n).round(3).astype(str),
+            "c": rng.choice(["p", "q", "r"], n, p=[0.5, 0.3, 0.2]),
+            "y": rng.choice(["0", "1"], n),
+        }
+    )
     df.loc[0, "c"] = "unique-person"  # a value held by one row must not be released
-    schema = Schema(columns=[Column("x", "continuous"), Column("c", "categorical"), Column("y", "categorical")],
-                    label="y")
+    schema = Schema(
+        columns=[Column("x", "continuous"), Column("c", "categorical"), Column("y", "categorical")], label="y"
+    )
     data = validate(df, schema)
     ledger = PrivacyLedger(target_epsilon=1.0, delta=1e-6)
     out = release_schema(data, schema, ledger, epsilon=0.5, generator=mech.noise_generator(0))

@@ -24,8 +24,15 @@ class Tiny(LightningModule):
 
 
 def trainer_stub(max_steps=10):
-    return SimpleNamespace(max_steps=max_steps, max_epochs=1, world_size=1, global_rank=0, accumulate_grad_batches=1,
-                           strategy=None, _accelerator_connector=SimpleNamespace(use_distributed_sampler=False))
+    return SimpleNamespace(
+        max_steps=max_steps,
+        max_epochs=1,
+        world_size=1,
+        global_rank=0,
+        accumulate_grad_batches=1,
+        strategy=None,
+        _accelerator_connector=SimpleNamespace(use_distributed_sampler=False),
+    )
 
 
 class Data:
@@ -38,7 +45,9 @@ class Data:
 
 def attach(module, *, sigma, clip, eps=1e30, n=1000, batch=32, steps=10):
     ledger = PrivacyLedger(target_epsilon=eps, delta=1e-5)
-    mech = DPSGD(ledger=ledger, datamodule=Data(n, batch), max_grad_norm=clip, noise_multiplier=sigma, noise_seed=0)
+    mech = DPSGD(
+        ledger=ledger, datamodule=Data(n, batch), max_grad_norm=clip, noise_multiplier=sigma, noise_seed=0
+    )
     mech.on_fit_start(trainer_stub(steps), module)
     return mech, ledger
 
@@ -66,7 +75,9 @@ def test_clipping_bounds_each_samples_contribution():
 def test_noise_has_std_sigma_c_over_l():
     module = Tiny()
     attach(module, sigma=2.0, clip=0.5, eps=1e6)
-    module.backward(torch.zeros(0, requires_grad=True) + module.discriminator(torch.zeros(0, 5)).sum(1))  # empty batch
+    module.backward(
+        torch.zeros(0, requires_grad=True) + module.discriminator(torch.zeros(0, 5)).sum(1)
+    )  # empty batch
     grads = torch.cat([p.grad.reshape(-1) for p in module.parameters()])
     assert float(grads.std()) == pytest.approx(2.0 * 0.5 / 32, rel=0.15)
 
@@ -132,7 +143,9 @@ def test_refusals():
     with pytest.raises(ValueError, match="accumulation"):
         stub = trainer_stub()
         stub.accumulate_grad_batches = 4
-        DPSGD(ledger=PrivacyLedger(target_epsilon=1, delta=1e-5), datamodule=Data(), noise_multiplier=1.0).on_fit_start(stub, Tiny())
+        DPSGD(
+            ledger=PrivacyLedger(target_epsilon=1, delta=1e-5), datamodule=Data(), noise_multiplier=1.0
+        ).on_fit_start(stub, Tiny())
     with pytest.raises(Exception, match="BatchNorm"):
         attach(Tiny(norm="batch"), sigma=1.0, clip=1.0)
 
@@ -142,8 +155,14 @@ def test_microbatch_mode_matches_the_fast_engine():
     fast, loop = Tiny(), Tiny()
     attach(fast, sigma=1e-12, clip=0.05)
     ledger = PrivacyLedger(target_epsilon=1e30, delta=1e-5)
-    mech = DPSGD(ledger=ledger, datamodule=Data(), max_grad_norm=0.05, noise_multiplier=1e-12, mode="microbatch",
-                 noise_seed=0)
+    mech = DPSGD(
+        ledger=ledger,
+        datamodule=Data(),
+        max_grad_norm=0.05,
+        noise_multiplier=1e-12,
+        mode="microbatch",
+        noise_seed=0,
+    )
     mech.on_fit_start(trainer_stub(), loop)
     fast.backward(fast.per_sample_loss(x))
     loop.backward(loop.per_sample_loss(x))
@@ -154,8 +173,14 @@ def test_microbatch_mode_matches_the_fast_engine():
 def test_a_per_sample_gradient_penalty_is_clipped_per_sample():
     # WGAN-GP under DP: ℓ_i = −D(x_i) + λ(||∇D(x̂_i)|| − 1)²; microbatch mode clips each ℓ_i's gradient to C.
     module = Tiny()
-    attach_kw = dict(ledger=PrivacyLedger(target_epsilon=1e30, delta=1e-5), datamodule=Data(), max_grad_norm=0.1,
-                     noise_multiplier=1e-12, mode="microbatch", noise_seed=0)
+    attach_kw = dict(
+        ledger=PrivacyLedger(target_epsilon=1e30, delta=1e-5),
+        datamodule=Data(),
+        max_grad_norm=0.1,
+        noise_multiplier=1e-12,
+        mode="microbatch",
+        noise_seed=0,
+    )
     DPSGD(**attach_kw).on_fit_start(trainer_stub(), module)
     x = torch.randn(8, 5)
     x_hat = (0.5 * x).requires_grad_(True)

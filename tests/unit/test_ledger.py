@@ -9,8 +9,14 @@ from lightning_dp.privacy.ledger import BudgetExceededError, PrivacyLedger, Rele
 
 
 def sgd(count: int = 2250, sigma: float = 1.5, q: float = 0.04) -> Release:
-    return Release(name="dp_sgd", mechanism="subsampled_gaussian", sensitivity=1.0, noise_multiplier=sigma,
-                   sample_rate=q, count=count)
+    return Release(
+        name="dp_sgd",
+        mechanism="subsampled_gaussian",
+        sensitivity=1.0,
+        noise_multiplier=sigma,
+        sample_rate=q,
+        count=count,
+    )
 
 
 def test_reproduces_opacus_golden_value():
@@ -45,7 +51,9 @@ def test_calibration_beats_the_papers_standard_conversion():
     # DP-MERF spec §3: the standard RDP conversion gives σ = 8.488 for k = 3 at (1, 1e-5); Balle et al.'s
     # conversion (ours and Opacus') is tighter, so σ must be smaller but of the same order.
     ledger = PrivacyLedger(target_epsilon=1.0, delta=1e-5)
-    sigma = ledger.calibrate(lambda s: [Release(name="e", mechanism="gaussian", sensitivity=1, noise_multiplier=s, count=3)])
+    sigma = ledger.calibrate(
+        lambda s: [Release(name="e", mechanism="gaussian", sensitivity=1, noise_multiplier=s, count=3)]
+    )
     assert 6.46 < sigma < 8.488
 
 
@@ -60,10 +68,14 @@ def test_over_budget_release_raises_and_changes_nothing():
 
 def test_calibrate_refuses_when_budget_is_spent():
     ledger = PrivacyLedger(target_epsilon=1.0, delta=1e-5)
-    sigma = ledger.calibrate(lambda s: [Release(name="a", mechanism="gaussian", sensitivity=1, noise_multiplier=s)])
+    sigma = ledger.calibrate(
+        lambda s: [Release(name="a", mechanism="gaussian", sensitivity=1, noise_multiplier=s)]
+    )
     ledger.record(Release(name="a", mechanism="gaussian", sensitivity=1, noise_multiplier=sigma))
     with pytest.raises(BudgetExceededError, match="already spent"):
-        ledger.calibrate(lambda s: [Release(name="b", mechanism="gaussian", sensitivity=1, noise_multiplier=s)])
+        ledger.calibrate(
+            lambda s: [Release(name="b", mechanism="gaussian", sensitivity=1, noise_multiplier=s)]
+        )
 
 
 def test_state_survives_a_round_trip(tmp_path):
@@ -92,7 +104,10 @@ def test_bad_privacy_parameters(eps, delta):
 
 
 def test_prv_is_never_looser_than_rdp():
-    rdp, prv = PrivacyLedger(target_epsilon=10, delta=1e-5), PrivacyLedger(target_epsilon=10, delta=1e-5, accountant="prv")
+    rdp, prv = (
+        PrivacyLedger(target_epsilon=10, delta=1e-5),
+        PrivacyLedger(target_epsilon=10, delta=1e-5, accountant="prv"),
+    )
     rdp.record(sgd())
     prv.record(sgd())
     assert prv.spent < rdp.spent
@@ -103,7 +118,12 @@ def test_additive_delta_is_charged():
     base = Release(name="g", mechanism="gaussian", sensitivity=1, noise_multiplier=2.0)
     with_delta = Release(name="g", mechanism="gaussian", sensitivity=1, noise_multiplier=2.0, delta=5e-6)
     assert ledger.epsilon([with_delta]) > ledger.epsilon([base])
-    assert ledger.epsilon([Release(name="g", mechanism="gaussian", sensitivity=1, noise_multiplier=2.0, delta=1e-5)]) == math.inf
+    assert (
+        ledger.epsilon(
+            [Release(name="g", mechanism="gaussian", sensitivity=1, noise_multiplier=2.0, delta=1e-5)]
+        )
+        == math.inf
+    )
 
 
 def test_laplace_and_pure_dp_curves_are_bounded_by_epsilon():
@@ -112,4 +132,6 @@ def test_laplace_and_pure_dp_curves_are_bounded_by_epsilon():
     assert np.all(mech.pure_dp_rdp(orders, epsilon=0.3) <= 0.3)
     # RDP order-1 limit of Laplace is the KL divergence 1/λ + e^{-1/λ} - 1 (Mironov 2017, Prop. 6)
     lam = 2.0
-    assert mech.laplace_rdp([1.0001], noise_multiplier=lam)[0] == pytest.approx(1 / lam + math.exp(-1 / lam) - 1, rel=1e-3)
+    assert mech.laplace_rdp([1.0001], noise_multiplier=lam)[0] == pytest.approx(
+        1 / lam + math.exp(-1 / lam) - 1, rel=1e-3
+    )

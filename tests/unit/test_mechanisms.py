@@ -34,9 +34,13 @@ def test_rff_approximates_the_gaussian_kernel():
 def test_paper_sensitivities():
     m = 1000
     assert mean_embedding_sensitivity(feature_norm=1.0, n=m) == pytest.approx(2 / m)  # Def. 3.2
-    assert mean_embedding_sensitivity(feature_norm=math.sqrt(2), n=m) == pytest.approx(2 * math.sqrt(2) / m)  # eq. 17
+    assert mean_embedding_sensitivity(feature_norm=math.sqrt(2), n=m) == pytest.approx(
+        2 * math.sqrt(2) / m
+    )  # eq. 17
     assert count_sensitivity(adjacency="replace_one") / m == pytest.approx(math.sqrt(2) / m)  # eq. 10
-    assert embedding_sum_sensitivity(feature_norm=math.sqrt(2), adjacency="add_remove") == pytest.approx(math.sqrt(2))
+    assert embedding_sum_sensitivity(feature_norm=math.sqrt(2), adjacency="add_remove") == pytest.approx(
+        math.sqrt(2)
+    )
 
 
 def _merf(blocks):
@@ -46,7 +50,9 @@ def _merf(blocks):
 
 def _rows(n, blocks, gen):
     con = torch.rand(n, 3, generator=gen)
-    onehots = [torch.nn.functional.one_hot(torch.randint(0, k, (n,), generator=gen), k).float() for k in blocks]
+    onehots = [
+        torch.nn.functional.one_hot(torch.randint(0, k, (n,), generator=gen), k).float() for k in blocks
+    ]
     return torch.cat([con, *onehots], 1), torch.randint(0, 2, (n,), generator=gen)
 
 
@@ -92,17 +98,25 @@ def test_gaussian_noise_has_the_accounted_std():
 
 
 def test_laplace_noise_scale():
-    noisy = mech.laplace_noise(torch.zeros(200_000), sensitivity=2.0, noise_multiplier=0.5, generator=mech.noise_generator(4))
+    noisy = mech.laplace_noise(
+        torch.zeros(200_000), sensitivity=2.0, noise_multiplier=0.5, generator=mech.noise_generator(4)
+    )
     assert float(noisy.abs().mean()) == pytest.approx(1.0, rel=0.02)  # E|Lap(b)| = b = 1
 
 
 def test_exponential_mechanism_prefers_high_utility():
     utilities = torch.tensor([0.0, 0.0, 100.0, 0.0])
-    picks = [mech.exponential_mechanism(utilities, epsilon=1.0, sensitivity=1.0, generator=mech.noise_generator(s))
-             for s in range(50)]
+    picks = [
+        mech.exponential_mechanism(utilities, epsilon=1.0, sensitivity=1.0, generator=mech.noise_generator(s))
+        for s in range(50)
+    ]
     assert picks.count(2) == 50
-    flat = [mech.exponential_mechanism(torch.zeros(4), epsilon=1.0, sensitivity=1.0, generator=mech.noise_generator(s))
-            for s in range(400)]
+    flat = [
+        mech.exponential_mechanism(
+            torch.zeros(4), epsilon=1.0, sensitivity=1.0, generator=mech.noise_generator(s)
+        )
+        for s in range(400)
+    ]
     assert min(np.bincount(flat, minlength=4)) > 60  # uniform when utilities tie
 
 

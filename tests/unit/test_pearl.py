@@ -65,12 +65,16 @@ def test_two_equal_releases_at_eps_1_match_the_spec_table():
     ledger = PrivacyLedger(target_epsilon=1.0, delta=1e-5)
 
     def planned(s):
-        return [Release(name=n, mechanism="gaussian", sensitivity=1.0, noise_multiplier=s) for n in ("aux", "cf")]
+        return [
+            Release(name=n, mechanism="gaussian", sensitivity=1.0, noise_multiplier=s) for n in ("aux", "cf")
+        ]
 
     assert ledger.calibrate(planned) == pytest.approx(5.721, rel=0.01)
     # at ε = 0.2 and 10 the table says 25.33 and 0.749
     for eps, sigma in ((0.2, 25.33), (10.0, 0.749)):
-        assert PrivacyLedger(target_epsilon=eps, delta=1e-5).calibrate(planned) == pytest.approx(sigma, rel=0.01)
+        assert PrivacyLedger(target_epsilon=eps, delta=1e-5).calibrate(planned) == pytest.approx(
+            sigma, rel=0.01
+        )
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +89,11 @@ def test_tiny_run_releases_twice_within_the_target_and_samples(run, tmp_path):
     ledger = json.loads(Path(result["ledger"]).read_text())
     assert ledger["epsilon"] <= 1.0 and ledger["epsilon"] == pytest.approx(1.0, rel=0.01)
     rel = {r["name"]: r for r in ledger["releases"]}
-    assert list(rel) == ["pearl/embedding/bandwidth_moments", "pearl/embedding", "pearl/embedding/class_counts"]
+    assert list(rel) == [
+        "pearl/embedding/bandwidth_moments",
+        "pearl/embedding",
+        "pearl/embedding/class_counts",
+    ]
     # equal shares: the auxiliary release and the embedding (sums + counts, one Gaussian of Δ = √2) both
     # at the two-equal-releases noise multiplier of the spec's table
     assert rel["pearl/embedding/bandwidth_moments"]["noise_multiplier"] == pytest.approx(5.721, rel=0.01)

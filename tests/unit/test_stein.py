@@ -16,14 +16,7 @@ from lightning_dp.kernels.stein import (
     stein_kernel_pairs,
 )
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _single_thread():
-    """Many tiny tensor ops: one intra-op thread avoids OpenMP spin overhead (large on a busy 2-core box)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 def _autograd_stein(x, y, sx, sy, base):
