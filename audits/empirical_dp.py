@@ -119,8 +119,10 @@ def select_threshold(
 ) -> tuple[float, int, float]:
     """Sweep thresholds (and the direction of the rule) for the largest ε lower bound on these trials.
 
-    The candidate thresholds are all observed scores. The result is *optimistic* for these trials;
-    evaluate it on fresh trials.
+    The candidate thresholds are the midpoints between consecutive observed scores (so a threshold never
+    sits on an observation), and among equally good thresholds the middle one of the run is taken: with
+    separated scores the rule then lies mid-gap, not at the edge of the selection half's scores. The
+    result is *optimistic* for these trials; evaluate it on fresh trials.
 
     Args:
         with_scores: Attack scores of runs with the canary.
@@ -131,12 +133,14 @@ def select_threshold(
     Returns:
         ``(threshold, sign, epsilon)``: the rule flags the canary iff ``sign * score >= sign * threshold``.
     """
-    grid = np.unique(np.r_[with_scores, without_scores])
+    observed = np.unique(np.r_[with_scores, without_scores])
+    grid = (observed[:-1] + observed[1:]) / 2 if len(observed) > 1 else observed
     best = (float(np.median(grid)), 1, 0.0)
     for sign in (1, -1):
         fp, fn = _counts(with_scores, without_scores, grid, sign)
         eps = _epsilon_from_counts(fp, fn, len(without_scores), len(with_scores), delta, confidence)
-        i = int(np.argmax(eps))
+        ties = np.flatnonzero(eps >= eps.max() - 1e-12)
+        i = int(ties[len(ties) // 2])  # the middle of the best run
         if eps[i] > best[2]:
             best = (float(grid[i]), sign, float(eps[i]))
     return best
