@@ -22,6 +22,7 @@ from types import SimpleNamespace
 
 import pytorch_lightning as pl
 import torch
+from threadpoolctl import threadpool_limits
 from torch import Tensor
 
 from lightning_dp.callbacks.sanitized_embedding import SanitizedEmbedding
@@ -40,10 +41,15 @@ class RandomRows:
     def __init__(self, n: int, seed: int = 0) -> None:
         gen = torch.Generator().manual_seed(seed)
         con = torch.rand(n, N_CON, generator=gen)
-        hot = [torch.nn.functional.one_hot(torch.randint(0, k, (n,), generator=gen), k).float() for k in ADULT_BLOCKS]
+        hot = [
+            torch.nn.functional.one_hot(torch.randint(0, k, (n,), generator=gen), k).float()
+            for k in ADULT_BLOCKS
+        ]
         self.x, self.y = torch.cat([con, *hot], 1), torch.randint(0, 2, (n,), generator=gen)
 
-    def private_batches(self, *, chunk_size: int = 4096, rank: int = 0, world_size: int = 1) -> Iterator[tuple[Tensor, Tensor]]:
+    def private_batches(
+        self, *, chunk_size: int = 4096, rank: int = 0, world_size: int = 1
+    ) -> Iterator[tuple[Tensor, Tensor]]:
         for start in range(rank * chunk_size, len(self.x), chunk_size * world_size):
             yield self.x[start : start + chunk_size], self.y[start : start + chunk_size]
 
@@ -82,8 +88,16 @@ class StepTimer(pl.Callback):
 
 def make_model(critic: bool, device: str) -> PEARL:
     gen = ConditionalGenerator(n_continuous=N_CON, block_sizes=ADULT_BLOCKS, num_classes=2, latent_dim=10)
-    return PEARL(gen, n_continuous=N_CON, block_sizes=ADULT_BLOCKS, num_classes=2, num_features=1000,
-                 batch_size=1100, n_gen=10, critic=critic).to(device)
+    return PEARL(
+        gen,
+        n_continuous=N_CON,
+        block_sizes=ADULT_BLOCKS,
+        num_classes=2,
+        num_features=1000,
+        batch_size=1100,
+        n_gen=10,
+        critic=critic,
+    ).to(device)
 
 
 def main() -> None:
@@ -95,6 +109,7 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    threadpool_limits(args.threads)
     logging.getLogger("pytorch_lightning").setLevel(logging.ERROR)
     warnings.filterwarnings("ignore")
     dev = args.device
@@ -104,7 +119,9 @@ def main() -> None:
     # one-shot release: both passes over the private rows, calibration and noise, as in a run
     model = make_model(True, dev)
     ledger = PrivacyLedger(target_epsilon=1.0, delta=1e-5)
-    callback = SanitizedEmbedding(ledger=ledger, datamodule=data, bandwidth_epsilon_fraction=0.5, budget_split="rdp")
+    callback = SanitizedEmbedding(
+        ledger=ledger, datamodule=data, bandwidth_epsilon_fraction=0.5, budget_split="rdp"
+    )
     trainer_stub = SimpleNamespace(global_rank=0, world_size=1)
     sync()
     start = time.perf_counter()
@@ -113,24 +130,41 @@ def main() -> None:
     t_release = time.perf_counter() - start
     sigmas = {r.name.split("/")[-1]: r.noise_multiplier for r in ledger.releases}
 
-    print(f"PEARL, Adult setting: K = 500 frequencies (1,000 real features), d = {N_CON + sum(ADULT_BLOCKS)}, "
-          f"batch 1,100 (+2), n_gen = 10; device {dev}, {torch.get_num_threads()} CPU threads")
-    print(f"one-shot release ({what}): {t_release:.2f} s for both releases "
-          f"({args.rows / t_release:,.0f} rows/s); ε = {ledger.spent:.4f}, noise multipliers {sigmas}, "
-          f"ℓ = 1/σ0 = {float(model.bandwidth):.3f}")
-    released = {k: v.clone() for k, v in model.state_dict().items() if k in ("target", "class_probs", "bandwidth", "released")}
+    print(
+        f"PEARL, Adult setting: K = 500 frequencies (1,000 real features), d = {N_CON + sum(ADULT_BLOCKS)}, "
+        f"batch 1,100 (+2), n_gen = 10; device {dev}, {torch.get_num_threads()} CPU threads"
+    )
+    print(
+        f"one-shot release ({what}): {t_release:.2f} s for both releases "
+        f"({args.rows / t_release:,.0f} rows/s); ε = {ledger.spent:.4f}, noise multipliers {sigmas}, "
+        f"ℓ = 1/σ0 = {float(model.bandwidth):.3f}"
+    )
+    released = {
+        k: v.clone()
+        for k, v in model.state_dict().items()
+        if k in ("target", "class_probs", "bandwidth", "released")
+    }
     for critic in (True, False):
         model = make_model(critic, dev)
         model.load_state_dict(released, strict=False)
         model.hparams.steps_per_epoch = args.warmup + args.steps
         timer = StepTimer(args.warmup, sync)
-        trainer = pl.Trainer(accelerator="gpu" if dev.startswith("cuda") else "cpu", devices=1, max_epochs=1,
-                             logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                             enable_model_summary=False, callbacks=[timer])
+        trainer = pl.Trainer(
+            accelerator="gpu" if dev.startswith("cuda") else "cpu",
+            devices=1,
+            max_epochs=1,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            callbacks=[timer],
+        )
         trainer.fit(model)
         rate = timer.steps / timer.elapsed
         label = "with critic (1 critic step / 10)" if critic else "without critic"
-        print(f"generator steps/s, {label:<34}: {rate:8.1f}  ({1e3 / rate:.1f} ms/step over {timer.steps} steps)")
+        print(
+            f"generator steps/s, {label:<34}: {rate:8.1f}  ({1e3 / rate:.1f} ms/step over {timer.steps} steps)"
+        )
 
 
 if __name__ == "__main__":

@@ -16,7 +16,8 @@ CNN's features). The real-data row fits the same classifiers on the real trainin
 ``--write FILE`` replaces this table's section of FILE (other sections are kept) and records the exact
 command. ``--validate`` carves a validation split (20%, fixed seed) out of the real *training* split, trains
 on the rest and scores on it, so that hyperparameters are chosen without the test set (DP-MERF pitfall 12);
-``--set`` adds Hydra overrides to every run of the table. ``--quick`` fits 6 fast classifiers and one seed.
+``--set`` adds Hydra overrides to every run of the table and ``--only LABEL`` keeps only those runs.
+``--quick`` fits 6 fast classifiers and one seed.
 """
 
 from __future__ import annotations
@@ -26,11 +27,12 @@ import logging
 import platform
 import re
 import shlex
+import subprocess
 import sys
 import tempfile
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import date
 from importlib import resources
 from pathlib import Path
@@ -52,13 +54,27 @@ from lightning_dp.privacy.ledger import PrivacyLedger
 
 ROOT = Path(__file__).resolve().parents[1]
 REGISTRY = ROOT / "bench" / "paper_tables.yaml"
-QUICK_CLASSIFIERS = ["logistic_regression", "gaussian_nb", "bernoulli_nb", "linear_svm", "decision_tree", "lda"]
+QUICK_CLASSIFIERS = [
+    "logistic_regression",
+    "gaussian_nb",
+    "bernoulli_nb",
+    "linear_svm",
+    "decision_tree",
+    "lda",
+]
 VALIDATION_FRACTION, VALIDATION_SEED = 0.2, 12345
 LABELS = {  # our metric keys -> column titles
-    "roc_auc_hard": "ROC (hard)", "prc_hard": "PRC (hard)", "roc_auc": "ROC (score)", "prc": "PRC (score)",
+    "roc_auc_hard": "ROC (hard)",
+    "prc_hard": "PRC (hard)",
+    "roc_auc": "ROC (score)",
+    "prc": "PRC (score)",
     "prc_hard_at_paper_prevalence": "PRC (hard) at the paper's test prevalence†",
-    "acc_logistic_regression": "Accuracy (LR)", "acc_cnn": "Accuracy (CNN)", "f1_logistic_regression": "Macro F1 (LR)",
-    "f1_cnn": "Macro F1 (CNN)", "fid": "FID (our CNN)", "kid": "KID ×10³ (our CNN)",
+    "acc_logistic_regression": "Accuracy (LR)",
+    "acc_cnn": "Accuracy (CNN)",
+    "f1_logistic_regression": "Macro F1 (LR)",
+    "f1_cnn": "Macro F1 (CNN)",
+    "fid": "FID (our CNN)",
+    "kid": "KID ×10³ (our CNN)",
 }
 
 
@@ -141,16 +157,28 @@ def real_data(cfg: DictConfig) -> RealData:
     if dm.kind == "image":
         images, labels = dm.holdout
         train = dm.x.numpy().reshape(-1, *dm.image_shape)
-        return RealData("image", train, images, train_labels=dm.y.numpy(), test_labels=labels,
-                        description=f"{len(train):,} real training images, {len(images):,} real test images")
+        return RealData(
+            "image",
+            train,
+            images,
+            train_labels=dm.y.numpy(),
+            test_labels=labels,
+            description=f"{len(train):,} real training images, {len(images):,} real test images",
+        )
     schema = dm.encoder.schema
     cats = [c.name for c in schema.features if c.type == "categorical"]
     test = dm.holdout
     pos = sorted(test[schema.label].astype(str).unique())[-1]
     rate = (test[schema.label].astype(str) == pos).mean()
-    return RealData("tabular", dm.train_frame, test, label=schema.label, categorical=cats,
-                    description=f"{len(dm.train_frame):,} real training rows, {len(test):,} real test rows "
-                                f"({rate:.1%} `{pos}`)")
+    return RealData(
+        "tabular",
+        dm.train_frame,
+        test,
+        label=schema.label,
+        categorical=cats,
+        description=f"{len(dm.train_frame):,} real training rows, {len(test):,} real test rows "
+        f"({rate:.1%} `{pos}`)",
+    )
 
 
 def validation_overrides(cfg: DictConfig, folder: Path) -> list[str]:
@@ -185,9 +213,22 @@ def compose_cfg(overrides: list[str]) -> DictConfig:
 class Runner:
     """Trains and scores the runs of tables, caching both so that tables sharing a run train it once."""
 
-    def __init__(self, out: Path, *, quick: bool = False, validate: bool = False, extra: list[str] | None = None,
-                 log=print) -> None:
-        self.out, self.quick, self.validate, self.extra, self.log = out, quick, validate, list(extra or []), log
+    def __init__(
+        self,
+        out: Path,
+        *,
+        quick: bool = False,
+        validate: bool = False,
+        extra: list[str] | None = None,
+        log=print,
+    ) -> None:
+        self.out, self.quick, self.validate, self.extra, self.log = (
+            out,
+            quick,
+            validate,
+            list(extra or []),
+            log,
+        )
         self.trained: dict[tuple, dict[str, Any]] = {}
         self.scored: dict[tuple, dict[str, Any]] = {}
         self.reals: dict[str, tuple[RealData, dict[str, Any]]] = {}
@@ -197,7 +238,9 @@ class Runner:
         base = [f"experiment={run.experiment}"] if run.experiment else []
         base += [*run.overrides, *self.extra]
         if self.validate:
-            base += validation_overrides(compose_cfg(base), self.out / "validation" / (run.experiment or "run"))
+            base += validation_overrides(
+                compose_cfg(base), self.out / "validation" / (run.experiment or "run")
+            )
         return [*base, f"seed={seed}", "trainer.enable_progress_bar=false"]
 
     def train(self, run: Run, seed: int) -> dict[str, Any]:
@@ -210,7 +253,9 @@ class Runner:
             start = time.perf_counter()
             result = train(cfg)
             result["cfg"], result["seconds"] = cfg, time.perf_counter() - start
-            self.log(f"  trained {run.label} (seed {seed}) in {result['seconds']:.0f} s, ε = {result['epsilon']:.4f}")
+            self.log(
+                f"  trained {run.label} (seed {seed}) in {result['seconds']:.0f} s, ε = {result['epsilon']:.4f}"
+            )
             self.trained[key] = result
         return self.trained[key]
 
@@ -221,8 +266,14 @@ class Runner:
             data = real_data(cfg)
             start = time.perf_counter()
             if data.kind == "tabular":
-                res = tstr(data.train, data.test, label=data.label, classifiers=self.classifiers(table),
-                           categorical=data.categorical, seed=0)
+                res = tstr(
+                    data.train,
+                    data.test,
+                    label=data.label,
+                    classifiers=self.classifiers(table),
+                    categorical=data.categorical,
+                    seed=0,
+                )
                 ref = {"per_seed": res.table.reset_index().assign(seed=0)}
             else:
                 ref = {}  # image references come with each image_fidelity call
@@ -243,8 +294,10 @@ class Runner:
         data, _ = self.real(results[seeds[0]]["cfg"], table)
         if key not in self.scored:
             start = time.perf_counter()
-            out: dict[str, Any] = {"epsilon": [r["epsilon"] for r in results.values()],
-                                   "delta": results[seeds[0]]["delta"]}
+            out: dict[str, Any] = {
+                "epsilon": [r["epsilon"] for r in results.values()],
+                "delta": results[seeds[0]]["delta"],
+            }
             if data.kind == "tabular":
                 out |= score_tabular(data, results, run, self.classifiers(table))
             else:
@@ -256,19 +309,47 @@ class Runner:
         return self.scored[key]
 
 
-def score_tabular(data: RealData, results: dict[int, dict[str, Any]], run: Run, classifiers: list[str]) -> dict:
+def score_tabular(
+    data: RealData, results: dict[int, dict[str, Any]], run: Run, classifiers: list[str]
+) -> dict:
     common = {"label": data.label, "classifiers": classifiers, "categorical": data.categorical}
     if run.weights is None:
         synthetic = {s: pd.read_csv(r["synthetic"]) for s, r in results.items()}
-        return {"per_seed": tstr_over_seeds(synthetic, data.test, **common).per_seed}
+        per_seed = tstr_over_seeds(synthetic, data.test, **common).per_seed
+        return {"per_seed": constant_predictions(per_seed, synthetic, data)}
     if run.weights != "discriminator":
         raise ValueError(f"Unknown weights {run.weights!r}; valid: discriminator")
-    tables = []
+    tables, frames = [], {}
     for seed, result in results.items():
-        frame, weights = discriminator_weighted_sample(result["checkpoint"], len(data.train), seed)
-        res = tstr(frame, data.test, seed=seed, sample_weight=weights, **common)
+        frames[seed], weights = discriminator_weighted_sample(result["checkpoint"], len(data.train), seed)
+        res = tstr(frames[seed], data.test, seed=seed, sample_weight=weights, **common)
         tables.append(res.table.reset_index().assign(seed=seed))
-    return {"per_seed": pd.concat(tables, ignore_index=True)}
+    return {"per_seed": constant_predictions(pd.concat(tables, ignore_index=True), frames, data)}
+
+
+def constant_predictions(
+    per_seed: pd.DataFrame, synthetic: dict[int, pd.DataFrame], data: RealData
+) -> pd.DataFrame:
+    """Score seeds whose synthetic rows have a single class as what any classifier fitted on them is: a constant.
+
+    scikit-learn refuses to fit one class (``tstr`` then gives NaN); leaving those seeds out would average only
+    the lucky seeds. A constant prediction has ROC 0.5 (hard and score) and average precision equal to the
+    test prevalence π (hard and score); its accuracy is π or 1 − π. Such rows get ``single_class = True``.
+    """
+    labels = data.test[data.label].astype(str)
+    pos = sorted(labels.unique())[-1]
+    rate = float((labels == pos).mean())
+    per_seed = per_seed.assign(single_class=False)
+    for seed, frame in synthetic.items():
+        classes = frame[data.label].dropna().astype(str).unique()
+        if len(classes) > 1:
+            continue
+        rows = per_seed["seed"] == seed
+        accuracy = rate if len(classes) and classes[0] == pos else 1 - rate
+        values = {"roc_auc_hard": 0.5, "roc_auc": 0.5, "prc_hard": rate, "prc": rate, "accuracy": accuracy}
+        per_seed.loc[rows, list(values)] = list(values.values())
+        per_seed.loc[rows, "single_class"] = True
+    return per_seed
 
 
 def discriminator_weighted_sample(checkpoint: str, n: int, seed: int) -> tuple[pd.DataFrame, np.ndarray]:
@@ -300,8 +381,12 @@ def fidelity_tabular(data: RealData, results: dict[int, dict[str, Any]]) -> dict
 
     out: dict[str, list[float]] = {"range_query": [], "two_way_marginal": [], "mmd2": []}
     for seed, result in results.items():
-        f = tabular_fidelity(data.test, pd.read_csv(result["synthetic"])[list(data.test.columns)],
-                             categorical=[*data.categorical, data.label], seed=seed)
+        f = tabular_fidelity(
+            data.test,
+            pd.read_csv(result["synthetic"])[list(data.test.columns)],
+            categorical=[*data.categorical, data.label],
+            seed=seed,
+        )
         out["range_query"].append(f["range_query"]["mean_abs_error"])
         out["two_way_marginal"].append(f["two_way_marginal"]["mean"])
         out["mmd2"].append(f["mmd"]["mmd2"])
@@ -315,8 +400,15 @@ def score_images(data: RealData, results: dict[int, dict[str, Any]]) -> dict:
     for seed, result in results.items():
         with np.load(result["synthetic"]) as z:
             images, labels = z["images"], z["labels"]
-        f = image_fidelity(data.train, data.test, images, real_train_labels=data.train_labels,
-                           synthetic_labels=labels, real_test_labels=data.test_labels, seed=seed)
+        f = image_fidelity(
+            data.train,
+            data.test,
+            images,
+            real_train_labels=data.train_labels,
+            synthetic_labels=labels,
+            real_test_labels=data.test_labels,
+            seed=seed,
+        )
         row = {"seed": seed, "fid": f["fid"], "kid": 1e3 * f["kid_mean"]}
         for kind, s in f["downstream"].items():
             row |= {f"acc_{kind}": s["accuracy"], f"f1_{kind}": s["f1_macro"]}
@@ -388,6 +480,25 @@ def paper_value(table: Table, row: str | None, metric: str) -> tuple[float | Non
 
 
 # ------------------------------------------------------------------------------------------- rendering
+def code_version() -> str:
+    """The commit, and the files under lightning_dp/, audits/ and configs/ that differ from it."""
+    git = ["git", "-C", str(ROOT)]
+    try:
+        head = subprocess.run(
+            [*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
+        )
+        status = subprocess.run(
+            [*git, "status", "--porcelain", "--", "lightning_dp", "audits", "configs"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown (not a git checkout)"
+    changed = [line[3:] for line in status.stdout.splitlines() if line.strip()]
+    return f"`{head.stdout.strip()}`" + (f" + uncommitted changes to {', '.join(changed)}" if changed else "")
+
+
 def markdown_table(header: list[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     return "\n".join([*lines, *("| " + " | ".join(r) + " |" for r in rows)])
@@ -395,16 +506,25 @@ def markdown_table(header: list[str], rows: list[list[str]]) -> str:
 
 def render(table: Table, runner: Runner, seeds: list[int], *, command: str, seconds: float) -> str:
     """The table's Markdown section: ours (mean ± std over seeds) beside the paper's numbers."""
-    failed = {run.label: runner.failed[(table.name, run.label)] for run in table.runs
-              if (table.name, run.label) in runner.failed}
+    failed = {
+        run.label: runner.failed[(table.name, run.label)]
+        for run in table.runs
+        if (table.name, run.label) in runner.failed
+    }
     scores = {run.label: runner.score(table, run, seeds) for run in table.runs if run.label not in failed}
     data, ref = runner.real(compose_cfg(runner.overrides(table.runs[0], seeds[0])), table)
-    models = [m for m in names_of(table.average) if m in runner.classifiers(table)]
+    fitted = set(ref["per_seed"]["model"]) if data.kind == "tabular" else set()
+    models = [
+        m for m in names_of(table.average) if m in fitted
+    ]  # what was averaged (missing libraries skipped)
     test_rate = paper_rate = None
     metrics = [c[0] for c in table.compare] + table.extra
     if data.kind == "tabular":
         pos = sorted(data.test[data.label].astype(str).unique())[-1]
-        test_rate, paper_rate = float((data.test[data.label].astype(str) == pos).mean()), table.paper_prevalence
+        test_rate, paper_rate = (
+            float((data.test[data.label].astype(str) == pos).mean()),
+            table.paper_prevalence,
+        )
         if runner.validate:
             paper_rate = None
         metrics = [m for m in metrics if m != "prc_hard_at_paper_prevalence" or paper_rate is not None]
@@ -433,7 +553,9 @@ def render(table: Table, runner: Runner, seeds: list[int], *, command: str, seco
         return cells
 
     if data.kind == "tabular":
-        real_values = seed_averages(with_paper_prevalence(ref["per_seed"], test_rate, paper_rate), models, metrics)
+        real_values = seed_averages(
+            with_paper_prevalence(ref["per_seed"], test_rate, paper_rate), models, metrics
+        )
     else:
         real_values = next((s["real_images"] for s in scores.values()), {})
     rows = [row("Real data (reference)", real_values, "Real" if "Real" in table.paper else None, "–")]
@@ -451,39 +573,73 @@ def render(table: Table, runner: Runner, seeds: list[int], *, command: str, seco
     mode = " (validation split)" if runner.validate else (" (quick)" if runner.quick else "")
     privacy = table.privacy
     eps = "/".join(f"{e:g}" for e in np.atleast_1d(privacy[0]))
-    lines = [f"## {table.name}: {table.title}{mode}", "",
-             f"`{command}`  ", f"{len(seeds)} seed(s) ({', '.join(map(str, seeds))}); {date.today().isoformat()}; "
-             f"{seconds / 60:.1f} min wall-clock on {platform.machine()} CPU ({torch.get_num_threads()} torch "
-             "thread(s)); privacy noise from OS entropy, so re-runs differ within the ± below.", "",
-             f"Paper: {table.source}, at (ε, δ) = ({eps}, {fmt_delta(privacy[1])}).  ",
-             f"Data: {data.description}.  "]
+    lines = [
+        f"## {table.name}: {table.title}{mode}",
+        "",
+        f"`{command}`  ",
+        f"{len(seeds)} seed(s) ({', '.join(map(str, seeds))}); {date.today().isoformat()}; "
+        f"{seconds / 60:.1f} min wall-clock on {platform.machine()} CPU ({torch.get_num_threads()} torch "
+        "thread(s)); privacy noise from OS entropy, so re-runs differ within the ± below.",
+        "",
+        f"Paper: {table.source}, at (ε, δ) = ({eps}, {fmt_delta(privacy[1])}).  ",
+        f"Data: {data.description}.  ",
+        f"Code: {code_version()} (at the end of the table's runs).  ",
+    ]
     if data.kind == "tabular":
         n_fit = len(runner.classifiers(table))
-        lines.append(f"Classifiers: {', '.join(models)} ({len(models)} averaged"
-                     + (f"; {n_fit} fitted)" if n_fit != len(models) else ")")
-                     + ("; quick mode: a subset of the paper's classifiers, not comparable with its average"
-                        if runner.quick else "") + ".  ")
+        lines.append(
+            f"Classifiers: {', '.join(models)} ({len(models)} averaged"
+            + (f"; {n_fit} fitted)" if n_fit != len(models) else ")")
+            + (
+                "; quick mode: a subset of the paper's classifiers, not comparable with its average"
+                if runner.quick
+                else ""
+            )
+            + ".  "
+        )
         skipped = [m for m in runner.classifiers(table) if m not in set(ref["per_seed"]["model"])]
         if skipped:
             lines.append(f"Not fitted: {', '.join(skipped)} (library not installed).  ")
-    lines.append("Runs: " + "; ".join(
-        f"{r.label}: `experiment={r.experiment}" + "".join(f" {o}" for o in r.overrides)
-        + "".join(f" {o}" for o in runner.extra) + "`" + (f", {r.weights} weights" if r.weights else "")
-        for r in table.runs) + ".")
+    lines.append(
+        "Runs: "
+        + "; ".join(
+            f"{r.label}: `experiment={r.experiment}"
+            + "".join(f" {o}" for o in r.overrides)
+            + "".join(f" {o}" for o in runner.extra)
+            + "`"
+            + (f", {r.weights} weights" if r.weights else "")
+            for r in table.runs
+        )
+        + "."
+    )
     lines += ["", markdown_table(header, rows), ""]
     if paper_rate is not None and "prc_hard_at_paper_prevalence" in metrics:
-        lines.append(f"† Our test set is {test_rate:.1%} positive, the paper's {paper_rate:.1%}; derived from each "
-                     "classifier's hard TPR/FPR (`with_paper_prevalence`), the expected PRC on our test set "
-                     "undersampled to the paper's prevalence.  ")
+        lines.append(
+            f"† Our test set is {test_rate:.1%} positive, the paper's {paper_rate:.1%}; derived from each "
+            "classifier's hard TPR/FPR (`with_paper_prevalence`), the expected PRC on our test set "
+            "undersampled to the paper's prevalence.  "
+        )
     if computed:
         lines.append("\\* The paper gives no average: the mean of its per-classifier values.  ")
+    for run in (r for r in table.runs if r.label in scores and "per_seed" in scores[r.label]):
+        single = scores[run.label]["per_seed"].groupby("seed")["single_class"].any()
+        if single.any():
+            lines.append(
+                f"{run.label}: {int(single.sum())} of {len(single)} seeds sampled a single class (the released "
+                "count of the other class was ≤ 0), so no classifier can be fitted; they are scored as constant "
+                "predictions (ROC 0.5, PRC = test prevalence), see `constant_predictions`.  "
+            )
     if data.kind == "tabular":
-        lines.append("Mean ± std over seeds of each seed's average over the classifiers; the real row is one fit "
-                     "(seed 0). Hard = scored from `predict` (the papers' protocol); score = `predict_proba` / "
-                     "`decision_function`.")
+        lines.append(
+            "Mean ± std over seeds of each seed's average over the classifiers; the real row is one fit "
+            "(seed 0). Hard = scored from `predict` (the papers' protocol); score = `predict_proba` / "
+            "`decision_function`."
+        )
     else:
-        lines.append("Mean ± std over seeds. Real row: classifiers trained on the real training images; FID/KID "
-                     "of the real row: two halves of the real test images (a noise floor).")
+        lines.append(
+            "Mean ± std over seeds. Real row: classifiers trained on the real training images; FID/KID "
+            "of the real row: two halves of the real test images (a noise floor)."
+        )
     if table.fidelity:
         lines += ["", "Fidelity (PEARL Table 3; lower is better):", ""]
         head = ["method"] + [x for c in table.fidelity for x in (f"{c[2]}: ours", "paper")]
@@ -499,17 +655,26 @@ def render(table: Table, runner: Runner, seeds: list[int], *, command: str, seco
     if table.per_classifier:
         lines += ["", per_classifier_block(table, runner, scores, ref, test_rate, models)]
     if runner.validate:
-        lines += ["", "Validation split: 20% of the real training rows (seed 12345) held out as the test set; "
-                  "the generator and the real row were fitted on the other 80%. The test split was not read. "
-                  "The paper column is for orientation only."]
+        lines += [
+            "",
+            "Validation split: 20% of the real training rows (seed 12345) held out as the test set; "
+            "the generator and the real row were fitted on the other 80%. The test split was not read. "
+            "The paper column is for orientation only.",
+        ]
     else:
         lines += ["", "Notes:", "", *(f"- {n}" for n in table.notes)]
         lines += [f"- Not reproduced: {m}" for m in table.missing]
     return "\n".join(lines) + "\n"
 
 
-def per_classifier_block(table: Table, runner: Runner, scores: dict[str, Any], ref: dict[str, Any],
-                         test_rate: float | None, models: list[str]) -> str:
+def per_classifier_block(
+    table: Table,
+    runner: Runner,
+    scores: dict[str, Any],
+    ref: dict[str, Any],
+    test_rate: float | None,
+    models: list[str],
+) -> str:
     """Per classifier: ours (mean ± std over seeds) beside the paper's per-classifier values."""
     metrics = table.per_classifier_metrics
     sources = {"Real": ("Real data", ref["per_seed"])}
@@ -572,18 +737,36 @@ def write_results(path: Path, sections: dict[str, str], order: list[str]) -> Non
     tmp.replace(path)
 
 
-def section_key(table: str, validate: bool, extra: list[str]) -> str:
-    if not validate:
-        return table
-    return f"{table}--validation" + ("--" + "--".join(re.sub(r"[^\w.=-]", "_", e) for e in extra) if extra else "")
+def section_key(table: str, validate: bool, extra: list[str], only: list[str] | None = None) -> str:
+    parts = [
+        table,
+        *(["validation"] if validate else []),
+        *(f"only={o}" for o in only or []),
+        *(extra if validate else []),
+    ]
+    return "--".join(re.sub(r"[^\w.=-]", "_", p) for p in parts)
 
 
-def reproduce(tables: list[Table], *, seeds: int | None, quick: bool, validate: bool, extra: list[str],
-              out: Path, command: str, log=print) -> dict[str, str]:
-    """Run ``tables`` and return their Markdown sections by key."""
+def reproduce(
+    tables: list[Table],
+    *,
+    seeds: int | None,
+    quick: bool,
+    validate: bool,
+    extra: list[str],
+    out: Path,
+    command: str,
+    only: list[str] | None = None,
+    log=print,
+    on_section=None,
+) -> dict[str, str]:
+    """Run ``tables`` (only the runs labelled ``only``, if given) and return their Markdown sections by key;
+    ``on_section(key, text)`` is called as each table is done (to write results as they come)."""
     runner = Runner(out, quick=quick, validate=validate, extra=extra, log=log)
     sections = {}
     for table in tables:
+        if only:
+            table = replace(table, runs=[r for r in table.runs if r.label in only])
         n = seeds or (1 if quick else table.seeds)
         log(f"== {table.name}: {table.title} ({n} seed(s))")
         start = time.perf_counter()
@@ -596,9 +779,12 @@ def reproduce(tables: list[Table], *, seeds: int | None, quick: bool, validate: 
         try:
             text = render(table, runner, list(range(n)), command=command, seconds=time.perf_counter() - start)
         except Exception as err:  # noqa: BLE001 - e.g. the data set is missing
-            text = (f"## {table.name}: {table.title}\n\n`{command}`  \nnot run: {type(err).__name__}: {err}\n")
+            text = f"## {table.name}: {table.title}\n\n`{command}`  \nnot run: {type(err).__name__}: {err}\n"
         log("\n" + text)
-        sections[section_key(table.name, validate, extra)] = text
+        key = section_key(table.name, validate, extra, only)
+        sections[key] = text
+        if on_section is not None:
+            on_section(key, text)
     return sections
 
 
@@ -608,11 +794,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--list", action="store_true", help="list the tables and exit")
     parser.add_argument("--seeds", type=int, default=None, help="number of seeds (default: the table's)")
     parser.add_argument("--quick", action="store_true", help="6 fast classifiers and 1 seed")
-    parser.add_argument("--validate", action="store_true", help="score on a validation split of the training data")
+    parser.add_argument(
+        "--validate", action="store_true", help="score on a validation split of the training data"
+    )
     parser.add_argument("--set", nargs="*", default=[], help="extra Hydra overrides for every run")
-    parser.add_argument("--write", type=Path, default=None, help="results file to update (e.g. docs/results.md)")
-    parser.add_argument("--out", type=Path, default=None, help="keep the runs here (default: a temporary folder)")
-    parser.add_argument("--threads", type=int, default=1, help="torch and BLAS threads (1 suits a shared machine)")
+    parser.add_argument("--only", nargs="*", default=None, help="run only the runs with these labels")
+    parser.add_argument(
+        "--write", type=Path, default=None, help="results file to update (e.g. docs/results.md)"
+    )
+    parser.add_argument(
+        "--out", type=Path, default=None, help="keep the runs here (default: a temporary folder)"
+    )
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch and BLAS threads (1 suits a shared machine)"
+    )
     args = parser.parse_args(argv)
     registry = load_tables()
     if args.list or not args.table:
@@ -628,12 +823,24 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("pytorch_lightning", "lightning.pytorch", "lightning_fabric", "lightning_dp"):
         logging.getLogger(name).setLevel(logging.ERROR)
     command = "python bench/reproduce.py " + shlex.join(argv if argv is not None else sys.argv[1:])
+
+    def write(key: str, text: str) -> None:
+        if args.write:
+            write_results(args.write, {key: text}, order=list(registry))
+            print(f"wrote {key} to {args.write}", flush=True)
+
     with threadpool_limits(args.threads), tempfile.TemporaryDirectory() as tmp:
-        sections = reproduce([registry[n] for n in names], seeds=args.seeds, quick=args.quick, validate=args.validate,
-                             extra=args.set, out=args.out or Path(tmp), command=command)
-    if args.write:
-        write_results(args.write, sections, order=list(registry))
-        print(f"wrote {args.write}")
+        reproduce(
+            [registry[n] for n in names],
+            seeds=args.seeds,
+            quick=args.quick,
+            validate=args.validate,
+            extra=args.set,
+            out=args.out or Path(tmp),
+            command=command,
+            only=args.only,
+            on_section=write,
+        )
     return 0
 
 

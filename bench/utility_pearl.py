@@ -11,7 +11,8 @@ figures are also given on a test set subsampled (fixed seed) to that rate. A fur
 paper's downsampled training data amounts to.
 
 MNIST (``data=mnist_test``: the MNIST test split, 8,000 images for training, 2,000 held out): PEARL with
-the paper's image settings (batch 100, critic every 5 steps, balanced labels); 10,000 synthetic digits;
+the paper's image settings (batch 100, critic every 5 steps, balanced labels), with and without the critic,
+and with K = 1,500 frequencies (the paper's Fashion-MNIST value); 10,000 synthetic digits;
 ``audits.fidelity.image_fidelity`` gives FID/KID against the held-out real digits on the features of a
 small CNN trained on the 8,000 real training digits, and the accuracy on the held-out digits of
 classifiers trained on the synthetic ones.
@@ -33,6 +34,7 @@ import numpy as np
 import pandas as pd
 import torch
 from hydra import compose, initialize_config_dir
+from threadpoolctl import threadpool_limits
 
 from audits.utility import tstr
 from lightning_dp.checkpoint import load_checkpoint
@@ -90,20 +92,32 @@ def run_adult(args: argparse.Namespace, out: Path) -> None:
     dm = public_data("adult")
     test = dm.holdout
     test_paper = paper_prevalence(test, "income", ">50K")
-    n = args.num_samples or dm.num_rows
+    n = args.num_samples
     epochs = max(1, args.adult_steps // args.steps_per_epoch)
-    print(f"\n== Adult: {dm.num_rows:,} training rows (UCI train), test {len(test):,} rows "
-          f"({(test['income'] == '>50K').mean():.1%} positive); {n:,} synthetic rows per run; "
-          f"{epochs * args.steps_per_epoch:,} generator steps of 1,100 rows; ε = 1, δ = 1e-5; seeds {args.seeds}")
+    print(
+        f"\n== Adult: {dm.num_rows:,} training rows (UCI train), test {len(test):,} rows "
+        f"({(test['income'] == '>50K').mean():.1%} positive); {n:,} synthetic rows per run; "
+        f"{epochs * args.steps_per_epoch:,} generator steps of 1,100 rows; ε = 1, δ = 1e-5; seeds {args.seeds}"
+    )
     results: dict[str, dict[str, list[float]]] = {}
     per_model: dict[str, list[pd.DataFrame]] = {}
     for critic in (True, False):
         name = "PEARL" if critic else "PEARL w/o critic"
         for seed in args.seeds:
-            cfg = config(["experiment=pearl_adult", f"seed={seed}", f"output_dir={out / f'adult_{critic}_{seed}'}",
-                          "trainer.enable_progress_bar=false", f"trainer.max_epochs={epochs}",
-                          f"model.module.steps_per_epoch={args.steps_per_epoch}", f"model.module.critic={critic}",
-                          f"num_samples={n}", f"data.root={DEFAULT_ROOT}", *args.set])
+            cfg = config(
+                [
+                    "experiment=pearl_adult",
+                    f"seed={seed}",
+                    f"output_dir={out / f'adult_{critic}_{seed}'}",
+                    "trainer.enable_progress_bar=false",
+                    f"trainer.max_epochs={epochs}",
+                    f"model.module.steps_per_epoch={args.steps_per_epoch}",
+                    f"model.module.critic={critic}",
+                    f"num_samples={n}",
+                    f"data.root={DEFAULT_ROOT}",
+                    *args.set,
+                ]
+            )
             start = time.perf_counter()
             result = train(cfg)
             t_train = time.perf_counter() - start
@@ -121,25 +135,44 @@ def run_adult(args: argparse.Namespace, out: Path) -> None:
                     results.setdefault(row, {}).setdefault(m, []).append(avg[m])
                 if row == name:
                     per_model.setdefault(name, []).append(res.table[list(METRICS)])
-            print(f"  {name}, seed {seed}: trained in {t_train:.0f} s, ε = {result['epsilon']:.4f}, "
-                  f"ROC/PRC hard {results[name]['roc_auc_hard'][-1]:.3f}/{results[name]['prc_hard'][-1]:.3f}, "
-                  f"soft {results[name]['roc_auc'][-1]:.3f}/{results[name]['prc'][-1]:.3f}", flush=True)
+            print(
+                f"  {name}, seed {seed}: trained in {t_train:.0f} s, ε = {result['epsilon']:.4f}, "
+                f"ROC/PRC hard {results[name]['roc_auc_hard'][-1]:.3f}/{results[name]['prc_hard'][-1]:.3f}, "
+                f"soft {results[name]['roc_auc'][-1]:.3f}/{results[name]['prc'][-1]:.3f}",
+                flush=True,
+            )
     real = tstr(dm.train_frame, test, label="income", classifiers="pearl", seed=0).summary["average"]
     real_p = tstr(dm.train_frame, test_paper, label="income", classifiers="pearl", seed=0).summary["average"]
-    print(f"\nAverage over the 10 classifiers, mean ± std over {len(args.seeds)} seeds (paper: ROC 0.721, PRC 0.618 "
-          "hard; real-data rows: 0.765 / 0.654)")
+    print(
+        f"\nAverage over the 10 classifiers, mean ± std over {len(args.seeds)} seeds (paper: ROC 0.721, PRC 0.618 "
+        "hard; real-data rows: 0.765 / 0.654)"
+    )
     print(f"{'':<48}{'ROC hard':>16}{'PRC hard':>16}{'ROC proba':>16}{'PRC proba':>16}")
     print(f"{'real training data (reference)':<48}" + "".join(f"{real[m]:>16.3f}" for m in METRICS))
-    print(f"{'real training data, paper test prevalence':<48}" + "".join(f"{real_p[m]:>16.3f}" for m in METRICS))
+    print(
+        f"{'real training data, paper test prevalence':<48}" + "".join(f"{real_p[m]:>16.3f}" for m in METRICS)
+    )
     for row, vals in results.items():
         print(f"{row:<48}" + "".join(f"{fmt(vals[m]):>16}" for m in METRICS))
     print("\nPer classifier (hard ROC / hard PRC, mean over seeds, UCI test):")
     for name, tables in per_model.items():
         mean = pd.concat(tables).groupby(level=0, sort=False).mean()
-        print(f"  {name}: " + ", ".join(f"{m} {r.roc_auc_hard:.3f}/{r.prc_hard:.3f}" for m, r in mean.iterrows()))
+        print(
+            f"  {name}: "
+            + ", ".join(f"{m} {r.roc_auc_hard:.3f}/{r.prc_hard:.3f}" for m, r in mean.iterrows())
+        )
         over = mean[["roc_auc_hard", "prc_hard"]]
-        print(f"    paper-style average ± std over classifiers: ROC {over.roc_auc_hard.mean():.3f} ± "
-              f"{over.roc_auc_hard.std(ddof=0):.3f}, PRC {over.prc_hard.mean():.3f} ± {over.prc_hard.std(ddof=0):.3f}")
+        print(
+            f"    paper-style average ± std over classifiers: ROC {over.roc_auc_hard.mean():.3f} ± "
+            f"{over.roc_auc_hard.std(ddof=0):.3f}, PRC {over.prc_hard.mean():.3f} ± {over.prc_hard.std(ddof=0):.3f}"
+        )
+
+
+MNIST_VARIANTS = {  # name: (critic, extra overrides)
+    "PEARL (K = 500, the paper's MNIST)": (True, []),
+    "PEARL w/o critic (K = 500)": (False, []),
+    "PEARL (K = 1,500)": (True, ["model.module.num_features=3000"]),
+}
 
 
 def run_mnist(args: argparse.Namespace, out: Path) -> None:
@@ -152,50 +185,95 @@ def run_mnist(args: argparse.Namespace, out: Path) -> None:
     train_x = dm.x.numpy().reshape(-1, 28, 28)
     hold_x, hold_y = dm.holdout
     epochs = max(1, args.mnist_steps // args.steps_per_epoch)
-    print(f"\n== MNIST test split: {len(train_x):,} training digits, {len(hold_x):,} held out; "
-          f"{epochs * args.steps_per_epoch:,} generator steps of 100; 10,000 synthetic digits; ε = 1, δ = 1e-5")
-    for critic in args.mnist_critic:
-        seed = args.seeds[0]
-        cfg = config(["model=pearl", "data=mnist_test", f"seed={seed}", f"output_dir={out / f'mnist_{critic}'}",
-                      "trainer.enable_progress_bar=false", f"trainer.max_epochs={epochs}",
-                      f"model.module.steps_per_epoch={args.steps_per_epoch}", "model.module.batch_size=100",
-                      "model.module.n_gen=5", "model.module.label_sampling=uniform", f"model.module.critic={critic}",
-                      "num_samples=10000", f"data.root={DEFAULT_ROOT}", *args.mnist_set])
+    seed = args.seeds[0]
+    print(
+        f"\n== MNIST test split: {len(train_x):,} training digits, {len(hold_x):,} held out; "
+        f"{epochs * args.steps_per_epoch:,} generator steps of 100 (critic every 5); 10,000 synthetic digits with "
+        f"balanced labels; ε = 1, δ = 1e-5; seed {seed}",
+        flush=True,
+    )
+    for i, (name, (critic, extra)) in enumerate(MNIST_VARIANTS.items()):
+        if name not in args.mnist_variants:
+            continue
+        cfg = config(
+            [
+                "model=pearl",
+                "data=mnist_test",
+                f"seed={seed}",
+                f"output_dir={out / f'mnist_{i}'}",
+                "trainer.enable_progress_bar=false",
+                f"trainer.max_epochs={epochs}",
+                f"model.module.steps_per_epoch={args.steps_per_epoch}",
+                "model.module.batch_size=100",
+                "model.module.n_gen=5",
+                "model.module.label_sampling=uniform",
+                f"model.module.critic={critic}",
+                "num_samples=10000",
+                f"data.root={DEFAULT_ROOT}",
+                *extra,
+                *args.mnist_set,
+            ]
+        )
         start = time.perf_counter()
         result = train(cfg)
         t_train = time.perf_counter() - start
         with np.load(result["synthetic"]) as z:
             syn_x, syn_y = z["images"], z["labels"]
         start = time.perf_counter()
-        fid = image_fidelity(train_x, hold_x, syn_x, real_train_labels=dm.y.numpy(), synthetic_labels=syn_y,
-                             real_test_labels=hold_y, seed=seed)
-        name = "PEARL" if critic else "PEARL w/o critic"
+        fid = image_fidelity(
+            train_x,
+            hold_x,
+            syn_x,
+            real_train_labels=dm.y.numpy(),
+            synthetic_labels=syn_y,
+            real_test_labels=hold_y,
+            seed=seed,
+        )
         ref = fid["reference"]
-        print(f"  {name}: trained in {t_train:.0f} s (ε = {result['epsilon']:.4f}), audit {time.perf_counter() - start:.0f} s")
-        print(f"    FID {fid['fid']:.2f}, KID×10³ {1e3 * fid['kid_mean']:.1f} ± {1e3 * fid['kid_std']:.1f} "
-              f"(real train vs held-out: FID {ref['fid']:.2f}, KID×10³ {1e3 * ref['kid_mean']:.1f}); "
-              f"features: {fid['feature_extractor']}, {fid['feature_dim']}-d")
+        print(
+            f"  {name}: trained in {t_train:.0f} s (ε = {result['epsilon']:.4f}), audit {time.perf_counter() - start:.0f} s"
+        )
+        print(
+            f"    FID {fid['fid']:.2f}, KID {fid['kid_mean']:.3f} ± {fid['kid_std']:.3f} "
+            f"(real train vs held-out: FID {ref['fid']:.2f}, KID {ref['kid_mean']:.4f})"
+        )
         for kind, s in fid["downstream"].items():
-            print(f"    {kind} trained on synthetic: accuracy {s['accuracy']:.3f} on held-out real digits "
-                  f"(trained on the real 8,000: {s['real_accuracy']:.3f})")
+            print(
+                f"    {kind} trained on the synthetic digits: accuracy {s['accuracy']:.3f} on the held-out real "
+                f"digits (trained on the real 8,000: {s['real_accuracy']:.3f})",
+                flush=True,
+            )
+    print(
+        f"  features for FID/KID: {fid['feature_extractor']}, {fid['feature_dim']}-d (not the paper's LeNet: "
+        "values are not comparable with its Table 1)"
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--adult-steps", type=int, default=8000, help="generator steps on Adult (paper: 8,000)")
-    parser.add_argument("--mnist-steps", type=int, default=6000, help="generator steps on MNIST (paper: 6,000)")
+    parser.add_argument(
+        "--adult-steps", type=int, default=8000, help="generator steps on Adult (paper: 8,000)"
+    )
+    parser.add_argument(
+        "--mnist-steps", type=int, default=6000, help="generator steps on MNIST (paper: 6,000)"
+    )
     parser.add_argument("--steps-per-epoch", type=int, default=500)
-    parser.add_argument("--num-samples", type=int, default=None, help="synthetic Adult rows (default: n train)")
-    parser.add_argument("--mnist-critic", type=lambda s: s.lower() == "true", nargs="+", default=[True, False])
+    parser.add_argument("--num-samples", type=int, default=11000, help="synthetic Adult rows (paper: 11k)")
+    parser.add_argument(
+        "--mnist-variants", nargs="+", default=list(MNIST_VARIANTS), choices=list(MNIST_VARIANTS)
+    )
     parser.add_argument("--skip-adult", action="store_true")
     parser.add_argument("--skip-mnist", action="store_true")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (1 on a shared machine)")
     parser.add_argument("--set", nargs="*", default=[], help="extra Hydra overrides for the Adult runs")
-    parser.add_argument("--mnist-set", nargs="*", default=[], help="extra Hydra overrides for the MNIST runs")
+    parser.add_argument(
+        "--mnist-set", nargs="*", default=[], help="extra Hydra overrides for every MNIST run"
+    )
     parser.add_argument("--out", default=None, help="folder for the runs (default: a temporary folder)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    threadpool_limits(args.threads)  # BLAS/OpenMP in numpy and scikit-learn too: oversubscription is slow
     warnings.filterwarnings("ignore")
     logging.getLogger("pytorch_lightning").setLevel(logging.ERROR)
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)

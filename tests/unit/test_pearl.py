@@ -104,7 +104,7 @@ def test_tiny_run_releases_twice_within_the_target_and_samples(run, tmp_path):
     ckpt = torch.load(result["checkpoint"], weights_only=True)
     state = ckpt["state_dict"]
     assert state["released"] and math.isfinite(float(state["bandwidth"]))
-    assert state["log_precision_ratio"].abs().max() > 0  # the critic moved
+    assert state["precision_offset"].abs().max() > 0  # the critic moved
     out = sample_checkpoint(result["checkpoint"], 50, tmp_path / "s.csv", seed=1)
     assert len(pd.read_csv(out)) == 50
 
@@ -120,3 +120,15 @@ def test_without_critic_weights_stay_uniform(tmp_path):
     x, y = model.sample(64, seed=0)
     assert x.shape == (64, 7) and ((x[:, :4] >= 0) & (x[:, :4] <= 1)).all()
     assert np.allclose(x[:, 4:].sum(1).numpy(), 1.0) and set(y.tolist()) <= {0, 1}
+
+
+def test_critic_projection_keeps_the_effective_number_of_frequencies(tmp_path):
+    layout = {"n_continuous": 50, "block_sizes": [], "num_classes": 1}
+    cfg = make_cfg(tmp_path, "model=pearl", "model.module.bandwidth=2.0", "model.module.critic_min_ess=0.5")
+    model = build_model(cfg.model, layout)
+    with torch.no_grad():
+        model.precision_offset.copy_(torch.linspace(-3.0, 3.0, 50))  # |log(p/p0)| up to ~1.3: collapses α
+    assert float(1 / model.critic_weights().square().sum()) < 50
+    model.project_to_min_ess()
+    ess = float(1 / model.critic_weights().square().sum())
+    assert 50 <= ess < 60  # the floor (0.5·K), reached from above by bisection on the offset's scale
