@@ -160,3 +160,30 @@ def test_registry_tables_compose_and_name_their_paper_rows():
                 table.name,
                 run.label,
             )
+
+
+def test_single_class_synthetic_seeds_score_as_constant_predictions():
+    test = pd.DataFrame({"x": [0.0, 1, 2, 3], "y": ["0", "0", "0", "1"]})
+    data = rp.RealData("tabular", test, test, label="y", categorical=[])
+    per_seed = pd.DataFrame(
+        {
+            "seed": [0, 1],
+            "model": ["m", "m"],
+            "roc_auc_hard": [0.8, np.nan],
+            "prc_hard": [0.6, np.nan],
+            "roc_auc": [0.9, np.nan],
+            "prc": [0.7, np.nan],
+            "accuracy": [0.75, np.nan],
+        }
+    )
+    synthetic = {0: pd.DataFrame({"y": [0, 1]}), 1: pd.DataFrame({"y": [0, 0]})}
+    out = rp.constant_predictions(per_seed, synthetic, data)
+    assert out.loc[0, "roc_auc_hard"] == 0.8 and not out.loc[0, "single_class"]
+    assert out.loc[1, ["roc_auc_hard", "roc_auc", "prc_hard", "prc", "accuracy"]].tolist() == [
+        0.5,
+        0.5,
+        0.25,
+        0.25,
+        0.75,
+    ]
+    assert out.loc[1, "single_class"]
