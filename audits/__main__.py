@@ -1,7 +1,8 @@
 """``python -m audits SYNTHETIC_OR_CHECKPOINT --real REAL --holdout HOLDOUT --out DIR``: an audit report.
 
 Writes ``DIR/report.json`` and ``DIR/report.html`` (see :mod:`audits.report` for the inputs and the policy
-format). Exit code: 0 the policy passed, 1 it failed, 2 bad input (nothing written), 3 an unexpected error.
+format). Both are private: computed from REAL and HOLDOUT, not differentially private, not covered by the run's
+(ε, δ). Exit code: 0 the policy passed, 1 it failed, 2 bad input (nothing written), 3 an unexpected error.
 """
 
 from __future__ import annotations
@@ -90,6 +91,9 @@ def main(argv: list[str] | None = None) -> int:
         if check["status"] == "skipped":
             print(f"SKIP  {name}: {check['reason']}")
     print(f"policy {'passed' if report['passed'] else 'FAILED'}; report: {paths['html']}")
+    print(
+        "the report is private (computed from REAL and HOLDOUT, not differentially private): do not publish it"
+    )
     return EXIT_PASS if report["passed"] else EXIT_FAIL
 
 

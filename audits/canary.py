@@ -257,7 +257,7 @@ class SGDCanary:
         data = torch.cat([self.rows, self.canary]) if with_canary else self.rows
         n = len(self.rows) + 1  # the same q = L/N = 1 on both sides: every row is in every batch
         mech = DPSGD(ledger=PrivacyLedger(target_epsilon=self.epsilon, delta=self.delta),
-                     datamodule=SimpleNamespace(num_rows=n, batch_size=n, use_poisson_sampling=lambda **_: None),
+                     datamodule=SimpleNamespace(released_num_rows=n, batch_size=n, use_poisson_sampling=lambda **_: None),
                      max_grad_norm=self.max_grad_norm, noise_seed=seed)
         stub = SimpleNamespace(max_steps=self.steps, max_epochs=1, world_size=1, global_rank=0,
                                accumulate_grad_batches=1, strategy=None,

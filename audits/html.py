@@ -1,5 +1,10 @@
 """``report.html``: one self-contained page (inline CSS, figures as base64 PNGs, no external resource) rendered
-from the JSON report and the checks' figures."""
+from the JSON report and the checks' figures.
+
+The page is as private as the JSON: it opens, before any number, with a banner carrying the report's
+``privacy`` statement (computed from the real rows, not differentially private), and repeats a one-line
+reminder above the histograms of real columns.
+"""
 
 from __future__ import annotations
 
@@ -45,7 +50,12 @@ details > summary { cursor: pointer; color: #2457a6; margin: 6px 0; }
 pre { background: #f6f8fa; padding: 10px; border-radius: 6px; overflow-x: auto; font-size: 12px; }
 p.note { color: #5a6572; margin: 4px 0 10px; }
 p.warn { background: #fff6e0; border: 1px solid #f0d9a0; border-radius: 6px; padding: 6px 10px; margin: 8px 0; }
+.private { background: #fde7e7; border: 2px solid #a11a1a; border-radius: 8px; padding: 10px 16px; margin: 12px 0; }
+.private strong { color: #a11a1a; font-size: 16px; }
+.private p { margin: 6px 0 0; }
+p.private-note { color: #a11a1a; font-weight: 600; margin: 8px 0 4px; }
 """
+PRIVATE_BANNER = "Contains private information — not differentially private"
 
 
 # ----------------------------------------------------------------------------------------- helpers
@@ -348,6 +358,9 @@ CAPTIONS = {
     "bars": "Utility: each classifier trained on synthetic vs on REAL rows, scored on HOLDOUT.",
     "marginals": "Marginals of REAL vs synthetic rows (densities for numbers, frequencies for categories).",
 }
+REMINDERS = {  # figure -> a line shown above it
+    "marginals": "Private: histograms of the real training rows (REAL), not differentially private.",
+}
 
 
 def _check(name: str, c: dict[str, Any], figures: dict[str, Figure], verdicts: list[dict[str, Any]]) -> str:
@@ -360,8 +373,24 @@ def _check(name: str, c: dict[str, Any], figures: dict[str, Figure], verdicts: l
     head = f'<section id="{esc(name)}"><h2>{esc(c["title"])} {status}</h2>'
     if c["status"] == "skipped":
         return head + f'<p class="note">Skipped: {esc(c["reason"])}.</p></section>'
-    figs = "".join(figure_html(fig, CAPTIONS.get(key, key)) for key, fig in figures.items())
+    figs = "".join(
+        (f'<p class="private-note">{esc(REMINDERS[key])}</p>' if key in REMINDERS else "")
+        + figure_html(fig, CAPTIONS.get(key, key))
+        for key, fig in figures.items()
+    )
     return head + BODIES[name](c) + figs + f'<p class="note">Ran in {fmt(c["seconds"])} s.</p></section>'
+
+
+def _privacy(report: dict[str, Any]) -> str:
+    """The banner that opens the page: the report is private and not DP."""
+    label = report["privacy"]
+    dp = ", ".join(label["dp_artefacts"])
+    return (
+        f'<div class="private" id="privacy" role="note"><strong>{esc(PRIVATE_BANNER)}</strong>'
+        f"<p>{esc(label['statement'])}</p>"
+        f'<p class="meta">Covered by the run\'s (ε, δ): {esc(dp)}. Not covered: this page and report.json.</p>'
+        "</div>"
+    )
 
 
 def _run(report: dict[str, Any]) -> str:
@@ -377,7 +406,7 @@ def _run(report: dict[str, Any]) -> str:
 
 
 def render_html(report: dict[str, Any], figures: dict[str, dict[str, Figure]]) -> str:
-    """The whole page. Figures are closed (their memory freed) once rendered."""
+    """The whole page, opening with the privacy banner. Figures are closed (their memory freed) once rendered."""
     checks = report["checks"]
     links = [
         ("verdicts", "Policy"),
@@ -397,9 +426,9 @@ def render_html(report: dict[str, Any], figures: dict[str, dict[str, Figure]]) -
     body = "".join(_check(n, c, figures.get(n, {}), report["verdicts"]) for n, c in checks.items())
     warnings = "".join(f'<p class="warn">{esc(w)}</p>' for w in report.get("warnings", []))
     page = (
-        f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>Audit report: {esc(source)}</title>'
+        f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>Audit report (private): {esc(source)}</title>'
         f'<meta name="viewport" content="width=device-width, initial-scale=1"><style>{CSS}</style></head><body><main>'
-        f"<h1>lightning-dp audit report</h1>"
+        f"<h1>lightning-dp audit report</h1>{_privacy(report)}"
         f'<div class="meta">{esc(source)} · {esc(report["created_at"])} · {fmt(report["duration_s"])} s</div>'
         f'<div class="banner">{verdict}</div>{warnings}<nav>{nav}</nav>'
         f"{_verdicts(report)}{_inputs(report)}{_ledger(report)}{body}{_run(report)}</main></body></html>\n"

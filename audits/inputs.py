@@ -163,7 +163,7 @@ def _load_data_set(name: str, *, record: dict[str, Any] | None, root: str | None
         )
     dm = PrivateDataModule(**kwargs)
     throwaway = PrivacyLedger(target_epsilon=1.0, delta=1e-9)
-    dm.prepare(throwaway, generator=noise_generator(0), state=state)
+    dm.prepare(throwaway, generator=noise_generator(0), state=state, private_use=True)
     if throwaway.releases:  # prepare releases nothing when the schema is public or given
         raise RuntimeError(f"Loading {name!r} for an audit released {throwaway.releases}; this is a bug.")
     return dm, Schema.from_dict(dm.state_dict()["schema"])

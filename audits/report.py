@@ -8,9 +8,16 @@ Command line (``audits/__main__.py``)::
 * ``SYNTHETIC_OR_CHECKPOINT``: a synthetic ``.csv``/``.parquet`` in the user's columns, or a run's checkpoint
   (``N`` rows are sampled from it, default as many as REAL; its ledger and config go into the report).
 * ``REAL`` (the private training rows) and ``HOLDOUT`` (real rows never trained on): files, or a data set name
-  such as ``adult``, loaded with the checkpoint's data config and released schema (the run's split; nothing is
-  released again).
+  such as ``adult``, loaded with the checkpoint's data config and released schema (the run's split; the schema
+  is not released again).
 * Exit code: 0 the policy passed, 1 it failed, 2 bad input (nothing written), 3 an unexpected error.
+
+The report is private. It is computed from REAL and HOLDOUT (exact counts, hashes, statistics, attack scores
+and distances on real rows), is not differentially private and is not covered by the run's (ε, δ); only the
+synthetic data, the checkpoint and ``ledger.json`` are. An audit spends no privacy budget because its output
+is not a DP release, not because it is post-processing. ``report.json`` opens with a ``privacy`` object
+(:func:`privacy_label`) that says so and lists the sections computed from real rows; ``report.html`` opens
+with the same statement. Handle both files like the private data: access-controlled, not published.
 
 ``train.py ... audit=default`` runs the same audit at the end of training into the run's ``output_dir``.
 
@@ -74,9 +81,59 @@ from audits.utility import json_safe
 
 log = logging.getLogger(__name__)
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: the "privacy" object first
 REPORT_FILES = ("report.json", "report.html")
 FEW_CANDIDATES = 200  # below this many candidates per side the report warns that its rates are noisy
+PRIVATE_INPUTS = ("REAL: the private training rows", "HOLDOUT: real rows not trained on")
+DP_ARTEFACTS = ("synthetic data", "checkpoint", "ledger.json")
+FROM_REAL_ROWS = {  # section of the report -> what in it is computed from real rows (a check's: if it ran)
+    "inputs": "exact row counts and SHA-256 hashes of REAL and HOLDOUT",
+    "candidates": "exact numbers of REAL and HOLDOUT rows drawn as attack candidates",
+    "checks.membership": "membership-attack scores on REAL and HOLDOUT rows (ROC curves, AUCs, TPRs)",
+    "checks.presence_disclosure": "distances from REAL and HOLDOUT rows to their nearest synthetic and HOLDOUT "
+    "rows (the thresholds of the sweep), with the rates at each",
+    "checks.attribute_disclosure": "per-column rates at which REAL rows' unknown values are imputed from "
+    "synthetic and HOLDOUT rows",
+    "checks.lmdp_mmd": "MMD², p-value and bandwidth of a test of REAL against synthetic columns, standardised "
+    "with REAL's mean and std",
+    "checks.utility": "scores on HOLDOUT rows of classifiers trained on synthetic and on REAL rows",
+    "checks.fidelity": "per-column TV, KS and Wasserstein-1, 2-way-marginal, range-query and MMD errors of "
+    "synthetic and HOLDOUT against REAL, REAL's mean range-query answer, the median distance between REAL rows "
+    "(report.html adds histograms of REAL's columns)",
+    "verdicts": "the pass/fail verdicts and warnings derived from these numbers",
+}
+
+
+def privacy_label(checks: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """The ``privacy`` object that opens ``report.json``: what the report is, and is not, under DP.
+
+    Args:
+        checks: the report's ``checks`` (name -> result with ``status``); only checks that ran are listed.
+
+    Returns:
+        ``contains_private_information`` (True), ``dp`` (False), a plain ``statement``, ``private_inputs``,
+        ``from_real_rows`` (report section -> what in it comes from real rows) and ``dp_artefacts``.
+    """
+    ran = [f"checks.{name}" for name, c in checks.items() if c["status"] == "ran"]
+    sections = {
+        key: FROM_REAL_ROWS.get(key, "the numbers of this check, computed on real rows")
+        for key in ("inputs", "candidates", *ran, "verdicts")
+    }
+    statement = (
+        "This report is computed from the real private rows, REAL (training) and HOLDOUT. It is NOT "
+        "differentially private and is not covered by the run's (ε, δ). From real rows it holds: "
+        + "; ".join(sections.values())
+        + ". Handle it like the private data itself: access-controlled, not published. Only the synthetic "
+        "data, the checkpoint and ledger.json are covered by the run's (ε, δ)."
+    )
+    return {
+        "contains_private_information": True,
+        "dp": False,
+        "statement": statement,
+        "private_inputs": list(PRIVATE_INPUTS),
+        "from_real_rows": sections,
+        "dp_artefacts": list(DP_ARTEFACTS),
+    }
 
 
 def build_report(
@@ -91,7 +148,8 @@ def build_report(
         progress: show a progress bar (None: only on a terminal).
 
     Returns:
-        ``(report, figures)``: the JSON-safe report and, per check, its matplotlib figures.
+        ``(report, figures)``: the JSON-safe report, its first key the :func:`privacy_label` (the report is
+        private and not DP), and, per check, its matplotlib figures.
     """
     from tqdm.auto import tqdm
 
@@ -132,6 +190,7 @@ def build_report(
         else []
     )
     report = {
+        "privacy": privacy_label(checks),
         "format_version": FORMAT_VERSION,
         "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "duration_s": round(time.time() - start, 2),
@@ -162,7 +221,7 @@ def write_report(
     """Render and write ``report.html`` and ``report.json`` into ``out``, each atomically.
 
     Both are rendered in memory first; the JSON is written last, and if it fails the new HTML is removed, so
-    a reader finds both files of one audit or neither.
+    a reader finds both files of one audit or neither. Both files are private (see ``report["privacy"]``).
     """
     from audits.html import render_html
     from lightning_dp.io import atomic_write_text
@@ -193,7 +252,8 @@ def run_audit(
     label: str | None = None,
     progress: bool | None = None,
 ) -> tuple[dict[str, Any], dict[str, str]]:
-    """Everything ``python -m audits`` does: load the policy and inputs, run the checks, write the report.
+    """Everything ``python -m audits`` does: load the policy and inputs, run the checks, write the report
+    (private: computed from ``real`` and ``holdout``, not differentially private).
 
     Returns:
         ``(report, paths)``.
@@ -220,6 +280,10 @@ def audit_run(
 ) -> str | None:
     """The audit at the end of ``train()``: the synthetic file just written against the data module's private
     training rows (REAL) and holdout, into the run's ``output_dir``.
+
+    Nothing is charged to ``ledger``: the report is not a DP release. It is private (computed from REAL and
+    the holdout, not covered by the run's (ε, δ)) and labelled so; only the synthetic data, the checkpoint and
+    ``ledger.json`` are covered.
 
     Args:
         audit_cfg: the ``audit`` config group (``policy``: None for the default, a path, or an inline policy;
@@ -281,5 +345,5 @@ def audit_run(
     paths = write_report(report, figures, result["output_dir"])
     failed = [f"{v['check']} {v['criterion']}" for v in report["verdicts"] if not v["passed"]]
     verdict = "passed" if report["passed"] else f"FAILED ({', '.join(failed)})"
-    log.info("Audit %s: %s", verdict, paths["html"])
+    log.info("Audit %s: %s (private: computed from real rows, not DP)", verdict, paths["html"])
     return paths["html"]

@@ -49,6 +49,7 @@ from threadpoolctl import threadpool_limits
 from audits.utility import PRESETS, tstr, tstr_over_seeds
 from lightning_dp.data.datamodule import PrivateDataModule, decode_samples
 from lightning_dp.data.sources import load_source
+from lightning_dp.data.splits import holdout_mask
 from lightning_dp.privacy import mechanisms as mech
 from lightning_dp.privacy.ledger import PrivacyLedger
 
@@ -153,7 +154,7 @@ class RealData:
 def real_data(cfg: DictConfig) -> RealData:
     """Load the real splits the run trained on. Only for scoring; the throwaway ledger is never released."""
     dm = PrivateDataModule(**cfg.data)
-    dm.prepare(PrivacyLedger(target_epsilon=1e6, delta=1e-5), generator=mech.noise_generator(0))
+    dm.prepare(PrivacyLedger(target_epsilon=1e6, delta=1e-5), generator=mech.noise_generator(0), private_use=True)
     if dm.kind == "image":
         images, labels = dm.holdout
         train = dm.x.numpy().reshape(-1, *dm.image_shape)
@@ -191,9 +192,8 @@ def validation_overrides(cfg: DictConfig, folder: Path) -> list[str]:
     source = load_source(data.name, root=data.root)
     train = source.train
     if source.test is None:
-        dm = PrivateDataModule(**data)
-        train_idx, _ = dm._split(len(train))  # the data module's own train/holdout split
-        train = train.iloc[train_idx]
+        held = holdout_mask(train, fraction=data.holdout_fraction, seed=data.split_seed)  # the data module's split
+        train = train[~held]
     perm = np.random.default_rng(VALIDATION_SEED).permutation(len(train))
     n_val = int(round(VALIDATION_FRACTION * len(train)))
     folder.mkdir(parents=True, exist_ok=True)

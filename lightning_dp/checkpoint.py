@@ -22,6 +22,7 @@ from pytorch_lightning import Callback, LightningModule, Trainer
 
 from lightning_dp.io import atomic_write, atomic_write_text
 from lightning_dp.privacy.ledger import PrivacyLedger
+from lightning_dp.privacy.metrics import declare_metrics
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +108,12 @@ class RunRecord(Callback):
     def record(self) -> dict[str, Any]:
         return {"format_version": FORMAT_VERSION, "config": self.config, "data": self.data_state,
                 "ledger": self.ledger.state_dict(), "versions": versions()}
+
+    public_metrics = {"privacy/epsilon": "the ledger's spend (a function of the releases' public parameters)",
+                      "privacy/epsilon_remaining": "target minus spend"}
+
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        declare_metrics(pl_module, self.public_metrics)
 
     def state_dict(self) -> dict[str, Any]:
         return {"ledger": self.ledger.state_dict()}

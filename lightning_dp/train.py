@@ -17,9 +17,12 @@ from omegaconf import DictConfig, OmegaConf
 
 from lightning_dp.checkpoint import AtomicCheckpointIO, RunRecord, load_checkpoint, write_run_files
 from lightning_dp.data.datamodule import PrivateDataModule, write_table
+from lightning_dp.data.dp_count import RowCount
+from lightning_dp.launch import launch_rank, publish_prefit, wait_for_prefit
 from lightning_dp.models import build_model
 from lightning_dp.privacy import mechanisms as mech
 from lightning_dp.privacy.ledger import BudgetExceededError, PrivacyLedger
+from lightning_dp.privacy.metrics import GuardedCSVLogger, declared_metrics
 
 log = logging.getLogger(__name__)
 
@@ -30,14 +33,17 @@ def make_ledger(privacy: DictConfig) -> PrivacyLedger:
                          adjacency=privacy.adjacency)
 
 
-def check_delta(delta: float, n: int, *, allow_large_delta: bool) -> None:
+def check_delta(delta: float, count: RowCount, *, allow_large_delta: bool) -> None:
     """Refuse δ ≥ 1/n: such a δ allows releasing a whole row ("name and shame") within the guarantee.
+
+    ``count`` is the run's DP (or public) count, so the refusal is post-processing of a release.
 
     Raises:
         ValueError: δ ≥ 1/n and ``allow_large_delta`` is false.
     """
+    n = count.value
     if delta >= 1.0 / n:
-        msg = (f"privacy.delta={delta:g} is not below 1/n = {1.0 / n:.3g} for the {n} training rows: a mechanism "
+        msg = (f"privacy.delta={delta:g} is not below 1/n = {1.0 / n:.3g} for {count.describe()}: a mechanism "
                f"could then publish a whole record and still satisfy the guarantee. Use privacy.delta <= "
                f"{0.1 / n:.1g}, or set privacy.allow_large_delta=true to proceed anyway.")
         if not allow_large_delta:
@@ -68,6 +74,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     out = Path(cfg.output_dir)
     ledger = make_ledger(cfg.privacy)
     resume = _resume_path(cfg)
+    rank = launch_rank()
     state = None
     if resume is not None:
         ckpt = load_checkpoint(resume)
@@ -77,6 +84,10 @@ def train(cfg: DictConfig) -> dict[str, Any]:
                              f"for model={cfg.model.name!r}. Resume with the same model.")
         ledger.load_state_dict(state["ledger"])
         log.info("Resuming from %s with %s", resume, ledger.summary())
+    elif rank > 0:  # another process of a DDP run: rank 0 released the pre-fit facts (lightning_dp/launch.py)
+        handoff = wait_for_prefit(out)
+        ledger.load_state_dict(handoff["ledger"])
+        state = {"data": handoff["data"]}
     elif (out / "ledger.json").exists() and json.loads((out / "ledger.json").read_text()).get("releases"):
         raise FileExistsError(f"{str(out)!r} already holds a run that spent privacy budget. Resume it with "
                               "resume=last, or choose another output_dir=PATH.")
@@ -85,9 +96,12 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     dm = PrivateDataModule(**cfg.data)
     allow = cfg.privacy.get("allow_large_delta", False)
     dm.prepare(ledger, generator=mech.noise_generator(noise_seed), state=None if state is None else state["data"],
-               check_rows=lambda n: check_delta(ledger.delta, n, allow_large_delta=allow))
+               check_rows=lambda count: check_delta(ledger.delta, count, allow_large_delta=allow),
+               count_budget_fraction=cfg.privacy.get("count_budget_fraction", 0.02))
+    if rank == 0 and resume is None:
+        publish_prefit(out, ledger=ledger.state_dict(), data=dm.state_dict())
     model = build_model(cfg.model, dm.layout)
-    if state is not None:
+    if resume is not None:
         model.load_state_dict(ckpt["state_dict"])
     config = OmegaConf.to_container(cfg, resolve=True)
     write_run_files(out, config_yaml=OmegaConf.to_yaml(cfg, resolve=True))
@@ -95,8 +109,9 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     mechanisms = [instantiate(m, ledger=ledger, datamodule=dm, **({"noise_seed": noise_seed} if noise_seed is not None else {}))
                   for m in cfg.model.get("mechanisms", [])]
     checkpointing = pl.callbacks.ModelCheckpoint(dirpath=out / "checkpoints", save_last=True, **cfg.callbacks.checkpoint)
+    logger = GuardedCSVLogger(str(out), name="logs", declared=lambda: declared_metrics(model))  # declared keys only
     trainer = pl.Trainer(**cfg.trainer, default_root_dir=str(out), callbacks=[record, *mechanisms, checkpointing],
-                         plugins=[AtomicCheckpointIO()], logger=pl.loggers.CSVLogger(str(out), name="logs"))
+                         plugins=[AtomicCheckpointIO()], logger=logger)
     record.write_ledger()
     fit_kwargs: dict[str, Any] = {"ckpt_path": str(resume) if resume else None, "weights_only": True}
     if getattr(model, "uses_private_batches", False):
@@ -110,7 +125,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     result: dict[str, Any] = {"output_dir": str(out), "checkpoint": str(record.last_path),
                               "ledger": str(record.ledger_path), "epsilon": ledger.spent, "delta": ledger.delta}
     if trainer.is_global_zero:
-        n = cfg.get("num_samples") or dm.num_rows
+        n = cfg.get("num_samples") or max(round(dm.released_num_rows), 1)  # never the exact count
         result["synthetic"] = write_samples(model, dm.state_dict(), n, out / "synthetic", seed=cfg.seed)
     if cfg.get("audit") and result.get("synthetic"):  # audit=default: report.json + .html, audits/report.py
         from audits.report import audit_run

@@ -34,6 +34,7 @@ from torch import Tensor, nn
 from lightning_dp.privacy import mechanisms as mech
 from lightning_dp.privacy.clipping import PerSampleClipper
 from lightning_dp.privacy.ledger import BudgetExceededError, PrivacyLedger, Release
+from lightning_dp.privacy.metrics import declare_metrics
 from lightning_dp.privacy.microbatch import microbatch_clipped_sum
 
 log = logging.getLogger(__name__)
@@ -71,7 +72,15 @@ class DPSGD(Callback):
         self._released_this_batch = False
         self._no_sync: Any = None
 
+    public_metrics = {
+        "dp_sgd/noisy_grad_norm": "norm of the noised, averaged private gradient (the release itself)",
+        "dp_sgd/noise_multiplier": "σ, calibrated from the DP row count",
+    }
+
     # ------------------------------------------------------------------ setup
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        declare_metrics(pl_module, self.public_metrics)
+
     def _release(self, count: int) -> Release:
         return Release(name=self.name, mechanism="subsampled_gaussian", sensitivity=self.max_grad_norm,
                        noise_multiplier=self.noise_multiplier, sample_rate=self.sample_rate, count=count,
@@ -88,11 +97,12 @@ class DPSGD(Callback):
         if trainer.accumulate_grad_batches != 1:
             raise ValueError("Gradient accumulation changes DP-SGD's logical batch and would be mis-accounted: set "
                              "trainer.accumulate_grad_batches=1 and raise data.batch_size instead.")
-        n, world = self.datamodule.num_rows, trainer.world_size
+        n, world = self.datamodule.released_num_rows, trainer.world_size  # DP or public, never the exact count
         if world > 1 and trainer._accelerator_connector.use_distributed_sampler:
             raise ValueError("Under DDP, DP-SGD shards and Poisson-samples the data itself: set "
                              "trainer.use_distributed_sampler=false (configs/trainer/ddp.yaml does).")
-        self.sample_rate = min(self.datamodule.batch_size / n, 1.0)  # q = L/N (N from the data, as Opacus)
+        self.sample_rate = min(self.datamodule.batch_size / n, 1.0)  # q = L/ñ, a function of the DP count
+        self._expected_batch = self.sample_rate * n  # L (or ñ when q = 1): the public normaliser
         steps_per_epoch = max(round(1 / self.sample_rate), 1)
         planned = trainer.max_steps if trainer.max_steps and trainer.max_steps > 0 else trainer.max_epochs * steps_per_epoch
         remaining = max(planned - self.steps_done, 1)
@@ -147,10 +157,10 @@ class DPSGD(Callback):
         for p in self._params:
             p.grad = None
         if self._clipper is None:
-            norms = microbatch_clipped_sum(per_sample_loss, self._params, max_grad_norm=self.max_grad_norm)
+            microbatch_clipped_sum(per_sample_loss, self._params, max_grad_norm=self.max_grad_norm)
         else:
             try:
-                norms = self._clipper.backward(per_sample_loss)  # p.grad = Σ_i c_i g_i   (B,) norms
+                self._clipper.backward(per_sample_loss)  # p.grad = Σ_i c_i g_i; its per-sample norms stay here
             except RuntimeError as err:
                 raise RuntimeError(f"{err}. If the private loss needs a double backward (a gradient penalty) or "
                                    "couples parameters across modules, use the DPSGD mechanism's mode=microbatch.") from err
@@ -159,13 +169,14 @@ class DPSGD(Callback):
             flat = torch.cat([g.reshape(-1) for g in grads])
             dist.all_reduce(flat, op=dist.ReduceOp.SUM)  # the global clipped sum, before the noise
             grads = list(torch.split(flat, [g.numel() for g in grads]))
-        expected = self.sample_rate * self.datamodule.num_rows  # L = q·N
+        sq_norm = torch.zeros((), device=grads[0].device if grads else None)
         for p, g, old in zip(self._params, grads, before):
             noisy = mech.gaussian_noise(g.reshape(p.shape), sensitivity=self.max_grad_norm,
                                         noise_multiplier=self.noise_multiplier, generator=self._noise,
-                                        draw_dtype=None) / expected
+                                        draw_dtype=None) / self._expected_batch
+            sq_norm = sq_norm + noisy.detach().square().sum()
             p.grad = noisy if old is None else noisy + old
-        self._last_norms = norms.detach()
+        self._noisy_norm = sq_norm.sqrt()
 
     # ------------------------------------------------------------------ per batch
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
@@ -189,10 +200,8 @@ class DPSGD(Callback):
             self._no_sync.__exit__(None, None, None)
             self._no_sync = None
         if self._released_this_batch:
-            norms = self._last_norms
-            if norms.numel():
-                pl_module.log("dp_sgd/clipped_fraction", (norms > self.max_grad_norm).float().mean(), on_step=True)
-                pl_module.log("dp_sgd/grad_norm_median", norms.median(), on_step=True)
+            pl_module.log("dp_sgd/noisy_grad_norm", self._noisy_norm, on_step=True)
+            pl_module.log("dp_sgd/noise_multiplier", float(self.noise_multiplier), on_step=True)
         if self.ledger.epsilon_if([self._release(1)]) > self.ledger.target_epsilon:
             log.info("DP-SGD: the next step would exceed ε = %g; stopping (%s).", self.ledger.target_epsilon,
                      self.ledger.summary())

@@ -19,11 +19,13 @@ from pytorch_lightning import LightningDataModule
 from torch import Tensor
 from torch.utils.data import DataLoader, TensorDataset
 
+from lightning_dp.data.dp_count import RowCount, release_row_count
 from lightning_dp.data.dp_preprocessing import needs_release, release_schema
 from lightning_dp.data.encoders import TabularEncoder
 from lightning_dp.data.sampling import PoissonBatchSampler
 from lightning_dp.data.schema import DataError, Schema, validate
 from lightning_dp.data.sources import ImageSource, TabularSource, load_source
+from lightning_dp.data.splits import holdout_mask, subsample_mask
 from lightning_dp.privacy.ledger import PrivacyLedger
 
 log = logging.getLogger(__name__)
@@ -36,25 +38,32 @@ class PrivateDataModule(LightningDataModule):
         name: data set name (``breast_cancer``, ``adult``, ``cervical``, ``csv``, ``mnist_test``,
             ``digits``, ``npz``).
         root: folder of the shared data sets (default ``../shared/data`` beside the project).
-        path, schema, test_path, label: for ``csv``/``npz``: the file, its schema YAML, an optional
-            held-out file, and the label column when no schema is given.
-        holdout_fraction: share of rows held out when the source has no test split.
-        split_seed: seed of that split (public randomness).
-        max_rows: keep only the first rows of the training split (quick runs).
+        path, schema, test_path: for ``csv``/``npz``: the file, its schema YAML (required for tables:
+            nothing about the columns is read from the rows), and an optional held-out file.
+        num_classes: number of labels of an ``npz`` file (public; labels must be 0..K−1).
+        holdout_fraction: share of rows held out when the source has no test file. Each row is held out
+            by a keyed hash of its own values (``splits.py``), so adding a row never moves another.
+        split_seed: public key of that hash.
+        max_rows: about this many training rows (quick runs): a keyed-hash Bernoulli subsample at rate
+            ``max_rows / ñ`` with ñ the run's DP count, so it never acts on row order.
+        public_num_rows: the data owner's statement that the number of training rows is public (and
+            equal to this); ``None`` releases a DP count (``dp_count.py``).
         batch_size: batch size of ``train_dataloader`` (expected batch size under Poisson sampling).
         preprocessing_epsilon_fraction: ε share for DP bounds/categories the schema leaves out.
     """
 
     def __init__(self, *, name: str, root: str | None = None, path: str | None = None, schema: str | None = None,
-                 test_path: str | None = None, label: str | None = None, holdout_fraction: float = 0.2,
-                 split_seed: int = 0, max_rows: int | None = None, batch_size: int = 256,
-                 preprocessing_epsilon_fraction: float = 0.1) -> None:
+                 test_path: str | None = None, num_classes: int | None = None, holdout_fraction: float = 0.2,
+                 split_seed: int = 0, max_rows: int | None = None, public_num_rows: int | None = None,
+                 batch_size: int = 256, preprocessing_epsilon_fraction: float = 0.1) -> None:
         super().__init__()
         self.name, self.root, self.path, self.schema_path = name, root, path, schema
-        self.test_path, self.label = test_path, label
+        self.test_path, self.num_classes = test_path, num_classes
         self.holdout_fraction, self.split_seed, self.max_rows = holdout_fraction, split_seed, max_rows
+        self.public_num_rows = public_num_rows
         self.batch_size = batch_size
         self.preprocessing_epsilon_fraction = preprocessing_epsilon_fraction
+        self.row_count: RowCount | None = None
         self.kind: str | None = None
         self.encoder: TabularEncoder | None = None
         self.image_shape: tuple[int, ...] | None = None
@@ -67,68 +76,101 @@ class PrivateDataModule(LightningDataModule):
     # ---------------------------------------------------------------- loading
     def _load(self) -> TabularSource | ImageSource:
         return load_source(self.name, root=self.root, path=self.path, schema=self.schema_path,
-                           test_path=self.test_path, label=self.label)
-
-    def _split(self, n: int) -> tuple[np.ndarray, np.ndarray]:
-        perm = np.random.default_rng(self.split_seed).permutation(n)
-        n_hold = int(round(self.holdout_fraction * n))
-        return np.sort(perm[n_hold:]), np.sort(perm[:n_hold])
+                           test_path=self.test_path, num_classes=self.num_classes)
 
     def prepare(self, ledger: PrivacyLedger, *, generator: torch.Generator, state: dict[str, Any] | None = None,
-                check_rows: Callable[[int], None] | None = None) -> None:
-        """Load and encode the private data; release (and charge) schema facts that are not public.
+                check_rows: Callable[[RowCount], None] | None = None, count_budget_fraction: float = 0.02,
+                private_use: bool = False) -> None:
+        """Load, split and encode the private data; release (and charge) n and the schema facts that are not public.
+
+        Order: everything that can fail on the user's input (files, schema, validation) runs before the
+        first release; then the row count (``dp_count.py``), then ``check_rows``, then the schema release.
 
         Args:
             ledger: the run's ledger.
-            generator: noise generator for the DP schema releases.
-            state: a saved ``state_dict`` (resume, sampling): its encoder is reused and nothing is released.
-            check_rows: called with the number of training rows before anything is released (e.g. the
-                δ < 1/n check), so that a refused run has touched nothing.
+            generator: noise generator for the DP releases.
+            state: a saved ``state_dict`` (resume): its count and schema are reused and nothing is released.
+            check_rows: called with the run's row count (DP or public) before anything else is released
+                (e.g. the δ < 1/n check).
+            count_budget_fraction: Rényi-DP share of the DP row count.
+            private_use: for audits and benchmarks, whose outputs are labelled private: without a ``state``
+                the exact count is used and nothing is released (a schema that needs a release is refused).
         """
         source = self._load()
+        if private_use and state is None and isinstance(source, TabularSource) and needs_release(source.schema):
+            raise DataError(f"The {source.name} schema leaves bounds or categories to a DP release: load it from the "
+                            "run's checkpoint (its released schema), or declare them in the schema.")
         if isinstance(source, ImageSource):
-            self._prepare_images(source, check_rows)
+            image_rows = np.concatenate([source.images.reshape(len(source.images), -1),
+                                         source.labels.reshape(-1, 1).astype(source.images.dtype)], axis=1)  # (N, HW+1)
+            train, holdout = self._split_images(image_rows)
         else:
-            self._prepare_tabular(source, ledger, generator, state, check_rows)
-        log.info("Data %r: %d private training rows, model-space width %d.", self.name, len(self.x), self.x.shape[1])
+            train, holdout = self._split_tabular(source)
+        if len(train) == 0:
+            raise DataError(f"The {source.name} training data has no rows.")
+        if state is not None and "num_rows" in state:
+            self.row_count = RowCount.from_dict(state["num_rows"])
+        elif private_use:
+            self.row_count = RowCount(value=float(len(train)), source="exact (private use)")
+        else:
+            self.row_count = release_row_count(len(train), ledger, budget_fraction=count_budget_fraction,
+                                               generator=generator, public_num_rows=self.public_num_rows)
+        train = self._subsample(train, train if isinstance(train, pd.DataFrame) else image_rows[train])
+        if check_rows is not None:
+            check_rows(self.row_count)
+        if isinstance(source, ImageSource):
+            self._encode_images(source, train, holdout)
+        else:
+            self._encode_tabular(source, train, holdout, ledger, generator, state)
+        log.info("Data %r: %s; model-space width %d.", self.name, self.row_count.describe(), self.x.shape[1])
 
-    def _prepare_images(self, source: ImageSource, check_rows: Callable[[int], None] | None) -> None:
+    def _split_tabular(self, source: TabularSource) -> tuple[pd.DataFrame, pd.DataFrame]:
+        train = validate(source.train, source.schema, source=f"the {source.name} training data")
+        if source.test is not None:
+            return train, validate(source.test, source.schema, source=f"the {source.name} test data")
+        held = holdout_mask(source.train, fraction=self.holdout_fraction, seed=self.split_seed)  # raw rows as read
+        return train[~held].reset_index(drop=True), train[held].reset_index(drop=True)
+
+    def _split_images(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Indices of the training and held-out images; ``rows`` are pixels and label, (N, HW + 1)."""
+        held = holdout_mask(rows, fraction=self.holdout_fraction, seed=self.split_seed)
+        return np.flatnonzero(~held), np.flatnonzero(held)
+
+    def _subsample(self, train: pd.DataFrame | np.ndarray, rows: pd.DataFrame | np.ndarray) -> pd.DataFrame | np.ndarray:
+        """``max_rows``: a keyed-hash Bernoulli subsample of ``train`` (hashing ``rows``, its values) at the
+        rate ``max_rows / ñ``, a function of the DP count only."""
+        if not self.max_rows:
+            return train
+        rate = min(1.0, self.max_rows / self.row_count.value)
+        keep = subsample_mask(rows, rate=rate, seed=self.split_seed)
+        self.row_count = RowCount(value=max(self.row_count.value * rate, 1.0), source=self.row_count.source,
+                                  std=self.row_count.std * rate)
+        if isinstance(train, pd.DataFrame):
+            return train[keep].reset_index(drop=True)
+        return train[keep]
+
+    def _encode_images(self, source: ImageSource, train_idx: np.ndarray, hold_idx: np.ndarray) -> None:
         self.kind = "image"
         self.image_shape = tuple(source.images.shape[1:])
         self.classes = source.classes
-        train_idx, hold_idx = self._split(len(source.images))
-        train_idx = train_idx[: self.max_rows] if self.max_rows else train_idx
-        if check_rows is not None:
-            check_rows(len(train_idx))
         self.x = torch.from_numpy(source.images[train_idx].reshape(len(train_idx), -1)).float()
         self.y = torch.from_numpy(source.labels[train_idx])
         self.holdout = (source.images[hold_idx], source.labels[hold_idx])
 
-    def _prepare_tabular(self, source: TabularSource, ledger: PrivacyLedger, generator: torch.Generator,
-                         state: dict[str, Any] | None, check_rows: Callable[[int], None] | None) -> None:
+    def _encode_tabular(self, source: TabularSource, train: pd.DataFrame, holdout: pd.DataFrame, ledger: PrivacyLedger,
+                        generator: torch.Generator, state: dict[str, Any] | None) -> None:
         self.kind = "tabular"
         schema = source.schema
-        train = validate(source.train, schema, source=f"the {source.name} training data")
-        if source.test is not None:
-            holdout = validate(source.test, schema, source=f"the {source.name} test data")
-        else:
-            train_idx, hold_idx = self._split(len(train))
-            train, holdout = train.iloc[train_idx].reset_index(drop=True), train.iloc[hold_idx].reset_index(drop=True)
-        if self.max_rows:
-            train = train.iloc[: self.max_rows].reset_index(drop=True)
-        if len(train) == 0:
-            raise DataError(f"The {source.name} training data has no rows.")
-        if check_rows is not None:
-            check_rows(len(train))
         if state is not None:
             schema = Schema.from_dict(state["schema"])
         elif needs_release(schema):
-            schema = release_schema(train, schema, ledger, generator=generator,
+            schema = release_schema(train, schema, ledger, generator=generator, num_rows=self.row_count.value,
                                     epsilon=self.preprocessing_epsilon_fraction * ledger.target_epsilon)
         self.encoder = TabularEncoder(schema)
         keep = self.encoder.keep_mask(train)
-        if not keep.all():
-            log.warning("Dropped %d training rows whose categories were not released.", int((~keep).sum()))
+        if needs_release(source.schema):  # data-independent: whether any row was dropped is private
+            log.warning("Rows whose categories were not released (too rare for DP partition selection) are left out "
+                        "of training. Declare the categories in the schema to keep them.")
         self.train_frame = train[keep].reset_index(drop=True)
         self.x, self.y = self.encoder.transform(self.train_frame)
         self.holdout = holdout[self.encoder.keep_mask(holdout)].reset_index(drop=True)
@@ -137,7 +179,15 @@ class PrivateDataModule(LightningDataModule):
     # ---------------------------------------------------------------- layout and decoding
     @property
     def num_rows(self) -> int:
+        """The exact number of training rows: private; for the mechanisms' own use, never for a release."""
         return 0 if self.x is None else len(self.x)
+
+    @property
+    def released_num_rows(self) -> float:
+        """The number of training rows as the run may use it (DP or public; ``dp_count.py``)."""
+        if self.row_count is None:
+            raise RuntimeError("prepare() has not run: the row count is not released yet.")
+        return self.row_count.value
 
     @property
     def layout(self) -> dict[str, Any]:
@@ -153,8 +203,10 @@ class PrivateDataModule(LightningDataModule):
         return decode_samples(self.state_dict(), x, y)
 
     def state_dict(self) -> dict[str, Any]:
-        """Public facts needed to decode samples and to resume (the released schema, never rows)."""
+        """Public or DP facts needed to decode samples and to resume (the released schema and count, never rows)."""
         state: dict[str, Any] = {"kind": self.kind, "name": self.name, "classes": list(self.classes)}
+        if self.row_count is not None:
+            state["num_rows"] = self.row_count.to_dict()
         if self.kind == "image":
             state["image_shape"] = list(self.image_shape)
         elif self.encoder is not None:

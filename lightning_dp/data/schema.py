@@ -128,20 +128,6 @@ class Schema:
             raise DataError(f"Schema file {str(path)!r} does not exist. Pass data.schema=PATH to a YAML schema.")
         return cls.from_dict(yaml.safe_load(path.read_text()) or {})
 
-    @classmethod
-    def infer(cls, df: pd.DataFrame, *, label: str | None = None, max_categories: int = 50) -> Schema:
-        """Column *types* from a frame (structural metadata, treated as public). No bounds or
-        categories are taken from the data: those are left for the DP estimates."""
-        cols = []
-        for name in df.columns:
-            numeric = pd.to_numeric(df[name], errors="coerce")
-            is_num = numeric.notna().mean() > 0.95 and name != label and df[name].nunique() > max_categories // 5
-            cols.append(Column(name=str(name), type="continuous" if is_num else "categorical",
-                               missing=bool(df[name].isna().any())))
-        log.warning("No schema given: column types were inferred from the data (treated as public metadata); "
-                    "bounds and categories will be estimated with DP. Write a schema file to make them public.")
-        return cls(columns=cols, label=label)
-
 
 def _row_list(index: Sequence[Any], limit: int = 8) -> str:
     rows = [str(i) for i in list(index)[:limit]]

@@ -7,8 +7,9 @@ data modules. Nothing here downloads anything.
 from __future__ import annotations
 
 import gzip
+import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -107,14 +108,31 @@ def load_cervical(root: str | Path | None = None, **_: object) -> TabularSource:
 
 
 def load_csv(path: str | Path | None = None, schema: str | Path | None = None, test_path: str | Path | None = None,
-             label: str | None = None, **_: object) -> TabularSource:
-    """A user's CSV/Parquet file with a schema YAML (or inferred column types, with a warning)."""
+             **_: object) -> TabularSource:
+    """A user's CSV/Parquet file with its schema YAML (required: nothing about the columns is read from rows).
+
+    Raises:
+        DataError: no path, or no schema (the message shows a schema to fill in, built from the header).
+    """
     if not path:
         raise DataError("data=csv needs data.path=PATH (a CSV or Parquet file) and data.schema=PATH (a YAML schema).")
     train = read_table(path)
+    if not schema:
+        raise DataError(f"data=csv needs data.schema=PATH: column types cannot be read from private rows without "
+                        f"spending privacy budget. Write a YAML file like this one (from the header of "
+                        f"{Path(path).name}; pick each type; give bounds/categories you know, the rest are released "
+                        f"with DP) and pass data.schema=PATH:\n{schema_template(train.columns)}")
     test = read_table(test_path) if test_path else None
-    sch = Schema.from_yaml(schema) if schema else Schema.infer(train, label=label)
-    return TabularSource(train=train, test=test, schema=sch, name=Path(path).stem)
+    return TabularSource(train=train, test=test, schema=Schema.from_yaml(schema), name=Path(path).stem)
+
+
+def schema_template(names: Sequence[object], limit: int = 40) -> str:
+    """A YAML schema to fill in, from column names alone (the header is structure, not a private value)."""
+    lines = ["label: null   # the class column, if any (categorical)", "columns:"]
+    lines += [f"  - {{name: {json.dumps(str(n))}, type: continuous}}   # or: type: categorical" for n in list(names)[:limit]]
+    if len(names) > limit:
+        lines.append(f"  # ... and {len(names) - limit} more columns")
+    return "\n".join(lines)
 
 
 def _read_idx(path: Path) -> np.ndarray:
@@ -144,18 +162,27 @@ def load_digits(**_: object) -> ImageSource:
                        classes=[str(i) for i in range(10)], name="digits")
 
 
-def load_npz(path: str | Path | None = None, **_: object) -> ImageSource:
-    """Images from an ``.npz`` with arrays ``images`` (N, H, W; uint8 or [0, 1] floats) and ``labels``."""
+def load_npz(path: str | Path | None = None, num_classes: int | None = None, **_: object) -> ImageSource:
+    """Images from an ``.npz`` with arrays ``images`` (N, H, W; uint8 or [0, 1] floats) and ``labels`` in 0..K−1.
+
+    The number of classes K is public configuration (``data.num_classes``), never read from the labels; the
+    pixel scale follows from the array's dtype.
+    """
     if not path or not Path(path).is_file():
         raise DataError(f"data=npz needs data.path=PATH to an .npz file with 'images' and 'labels'; got {path!r}.")
+    if not num_classes or int(num_classes) < 1:
+        raise DataError("data=npz needs data.num_classes=K (public): labels must be the integers 0..K-1.")
     with np.load(path) as z:
         if "images" not in z or "labels" not in z:
             raise DataError(f"{str(path)!r} must hold arrays 'images' and 'labels'; it has {list(z.keys())}.")
         images, labels = z["images"], z["labels"].astype(np.int64)
     images = images.astype(np.float32) / (255.0 if images.dtype == np.uint8 else 1.0)
-    if images.min() < 0 or images.max() > 1:
+    if not (np.isfinite(images).all() and images.min() >= 0 and images.max() <= 1):
         raise DataError(f"{str(path)!r}: images must be uint8 or floats in [0, 1].")
-    return ImageSource(images=images, labels=labels, classes=[str(i) for i in range(int(labels.max()) + 1)],
+    if labels.min() < 0 or labels.max() >= int(num_classes):
+        raise DataError(f"{str(path)!r}: labels must be integers in 0..{int(num_classes) - 1} (data.num_classes="
+                        f"{int(num_classes)}).")
+    return ImageSource(images=images, labels=labels, classes=[str(i) for i in range(int(num_classes))],
                        name=Path(path).stem)
 
 

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any, ClassVar
+
 import torch
 from pytorch_lightning import LightningModule
 from torch import Tensor
+
+from lightning_dp.privacy.metrics import check_declared, declared_metrics
 
 
 class GeneratorModule(LightningModule):
@@ -16,6 +20,14 @@ class GeneratorModule(LightningModule):
     """
 
     generator: torch.nn.Module
+    # metric key -> why it is public or DP; nothing else can be logged (lightning_dp/privacy/metrics.py)
+    public_metrics: ClassVar[dict[str, str]] = {}
+
+    def log(self, name: str, value: Any, *args: Any, **kwargs: Any) -> None:
+        """``LightningModule.log`` for declared keys only, never weighted by a (private) batch size."""
+        check_declared(name, declared_metrics(self))
+        kwargs["batch_size"] = 1
+        super().log(name, value, *args, **kwargs)
 
     def init_label_buffer(self, num_classes: int) -> None:
         self.num_classes = num_classes

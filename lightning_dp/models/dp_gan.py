@@ -42,6 +42,10 @@ class DPGAN(GeneratorModule):
     """
 
     uses_private_batches = True
+    public_metrics = {
+        "train/g_loss": "the DP discriminator on generated rows (post-processing)",
+        "train/d_loss_fake": "the DP discriminator on generated rows (post-processing)",
+    }
 
     def __init__(self, generator: nn.Module, discriminator: nn.Module, *, n_continuous: int,
                  block_sizes: list[int] | tuple[int, ...] = (), num_classes: int = 1, conditional: bool = True,
@@ -109,9 +113,7 @@ class DPGAN(GeneratorModule):
             self.manual_backward(g_loss)
             g_opt.step()
             self.log("train/g_loss", g_loss, prog_bar=True)
-        self.log("train/d_loss_fake", fake_loss)
-        if len(x):
-            self.log("train/d_loss_real", real.mean())
+        self.log("train/d_loss_fake", fake_loss)  # the loss on real rows is private and never logged
 
     def _real_loss(self, x: Tensor, y: Tensor) -> Tensor:
         """Per-sample discriminator loss on real rows, shape (B,)."""

@@ -52,6 +52,7 @@ class DPMERF(GeneratorModule):
     """
 
     embedding_name = "dp_merf/embedding"
+    public_metrics = {"train/mmd2": "generated rows against the released embedding (post-processing)"}
 
     def __init__(self, generator: nn.Module, *, n_continuous: int, block_sizes: list[int] | tuple[int, ...] = (),
                  num_classes: int = 1, num_features: int = 500, bandwidth: float | None = None,

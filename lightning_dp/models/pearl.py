@@ -103,6 +103,11 @@ class PEARL(GeneratorModule):
     """
 
     embedding_name = "pearl/embedding"
+    public_metrics = {
+        "train/cfd": "generated rows against the released embedding (post-processing)",
+        "train/critic_cfd": "the critic's weighting of that discrepancy (post-processing)",
+        "train/critic_ess": "effective number of frequencies of the critic's public weights",
+    }
     feature_norm_bound = CF_FEATURE_NORM
 
     def __init__(

@@ -13,6 +13,7 @@ import functools
 import json
 import logging
 import math
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
@@ -28,6 +29,7 @@ log = logging.getLogger(__name__)
 MECHANISMS = ("gaussian", "subsampled_gaussian", "laplace", "exponential")
 ADJACENCIES = ("add_remove", "replace_one")
 ACCOUNTANTS = ("rdp", "prv")
+PRV_MAX_POINTS = 2**20  # cap on Opacus' PRV grid (see PrivacyLedger._prv_epsilon)
 
 
 class BudgetExceededError(RuntimeError):
@@ -47,6 +49,28 @@ def _unit_rdp(mechanism: str, noise_multiplier: float | None, sample_rate: float
     if mechanism == "laplace":
         return mech.laplace_rdp(orders, noise_multiplier=noise_multiplier)
     return mech.pure_dp_rdp(orders, epsilon=epsilon)
+
+
+def _prv_applies(releases: Sequence[Release]) -> bool:
+    """PRV (Opacus) covers (subsampled) Gaussian releases only."""
+    return all(r.mechanism in ("gaussian", "subsampled_gaussian") for r in releases if r.count)
+
+
+def _smallest(fits: Callable[[float], bool], low: float, high: float, rtol: float) -> float:
+    """Smallest σ in [low, high] with ``fits(σ)``, to ``rtol`` in log σ (``fits`` monotone, true at high).
+
+    Bisection in log σ, which keeps the invariant ``fits(exp(hi))``, so the σ returned always fits.
+    """
+    if fits(low):
+        return low
+    lo, hi = math.log(low), math.log(high)
+    while hi - lo > rtol:
+        mid = (lo + hi) / 2
+        if fits(math.exp(mid)):
+            hi = mid
+        else:
+            lo = mid
+    return math.exp(hi)
 
 
 @dataclass(frozen=True)
@@ -154,6 +178,14 @@ class PrivacyLedger:
     def epsilon(self, releases: Sequence[Release] | None = None) -> float:
         """ε at the run's δ of ``releases`` (default: everything recorded so far)."""
         releases = self.releases if releases is None else list(releases)
+        return self._epsilon(releases, prv=self.accountant == "prv")
+
+    def _epsilon(self, releases: Sequence[Release], *, prv: bool) -> float:
+        """ε of ``releases`` under RDP, or the smaller of the RDP and PRV bounds when ``prv`` applies.
+
+        PRV is skipped (the RDP value returned) where RDP ε is huge: there PRV could not bring ε back to
+        any useful target, and Opacus' PRV grid grows with the RDP ε (its domain is an RDP ε bound).
+        """
         if not any(r.count for r in releases):
             return 0.0
         delta_left = self.delta - sum(r.delta for r in releases if r.count)
@@ -161,17 +193,46 @@ class PrivacyLedger:
             return math.inf
         rdp = np.sum([r.rdp(self.orders) for r in releases], axis=0)
         eps = mech.rdp_to_epsilon(self.orders, rdp, delta_left)
-        if self.accountant == "prv" and all(r.mechanism != "laplace" and r.mechanism != "exponential" for r in releases):
+        if prv and _prv_applies(releases) and eps <= max(10 * self.target_epsilon, 50.0):
             eps = min(eps, self._prv_epsilon(releases, delta_left))
         return eps
 
     def _prv_epsilon(self, releases: Sequence[Release], delta: float) -> float:
-        from opacus.accountants import PRVAccountant
+        """PRV upper bound on ε (Gopi et al. 2021, via Opacus) on a grid of at most ``PRV_MAX_POINTS``.
 
-        acc = PRVAccountant()
-        acc.history = [(r.noise_multiplier, r.sample_rate, r.count) for r in releases if r.count]
+        Opacus discretises on ``size = 2L / mesh`` points with L the safe domain (an RDP ε bound at
+        δ_error/4, plus 3) and ``mesh = eps_error / sqrt(T·ln(12/δ_error)/2)`` for T composed steps, and
+        keeps about a dozen float64 arrays of that size alive at once (grid, cell ends, CDF values and
+        their temporaries in ``discretize``; cumulative sums in ``compute_epsilon``; one pmf per distinct
+        release). Its default eps_error = 0.01 asks for gigabytes at a small noise multiplier, so we
+        double eps_error until the grid fits: 2²⁰ points are 8 MiB per array, a peak of a few hundred MB
+        at most. The result is Opacus' upper bound (estimate + eps_error), so a coarser grid only makes
+        it looser, never invalid, and the ledger reports min(RDP, PRV).
+        """
+        from opacus.accountants import PRVAccountant
+        from opacus.accountants.analysis.prv import PoissonSubsampledGaussianPRV, compute_safe_domain_size
+
+        history = [(r.noise_multiplier, r.sample_rate, r.count) for r in releases if r.count]
+        prvs = [PoissonSubsampledGaussianPRV(q, sigma) for sigma, q, _ in history]
+        counts = [count for _, _, count in history]
+        delta_error = delta / 1000  # Opacus' default
+
+        def grid_points(eps_error: float) -> float:  # as PRVAccountant._get_domain builds the grid
+            domain = compute_safe_domain_size(prvs, counts, eps_error, delta_error)
+            return 2 * domain * math.sqrt(sum(counts) * math.log(12 / delta_error) / 2) / eps_error
+
+        eps_error = 0.01  # Opacus' default
         try:
-            return float(acc.get_epsilon(delta))
+            # Opacus' own RDP bound for the domain warns at small σ, its PRV of q = 1 takes log(0)
+            with warnings.catch_warnings(), np.errstate(divide="ignore"):
+                warnings.filterwarnings("ignore", message="Optimal order is the largest alpha")
+                while grid_points(eps_error) > PRV_MAX_POINTS:
+                    eps_error *= 2
+                    if eps_error > 1.0:  # an upper bound this loose is no use next to RDP's
+                        return math.inf
+                acc = PRVAccountant()
+                acc.history = history
+                return float(acc.get_epsilon(delta, eps_error=eps_error, delta_error=delta_error))
         except Exception as err:  # PRV's discretisation fails for some extreme histories
             log.warning("PRV accountant failed (%s); reporting the RDP bound.", err)
             return math.inf
@@ -238,10 +299,18 @@ class PrivacyLedger:
     ) -> float:
         """Smallest noise multiplier σ such that the recorded releases plus ``planned(σ)`` reach ε.
 
+        Bisection in log σ. With the PRV accountant, RDP is searched first: it is a valid upper bound,
+        so the RDP-calibrated σ_rdp already meets ε, and PRV is then searched only in
+        [max(σ_rdp/4, 0.1), σ_rdp] (PRV saves well under a factor 4 in σ), never at the tiny σ where
+        its grid explodes.
+
         Args:
             planned: builds the releases still to come from a candidate noise multiplier.
             epsilon: ε to reach (default: the target); a share of it when calibrating an auxiliary
                 release on its own budget.
+            low: smallest σ considered (returned when it already meets ε).
+            high: largest σ considered.
+            rtol: tolerance of the search in log σ.
 
         Raises:
             BudgetExceededError: even ``high`` noise would exceed ε (the budget is already spent).
@@ -253,16 +322,18 @@ class PrivacyLedger:
                 f"(δ={self.delta:g}), and the planned releases cannot fit in ε={goal:.4g} at any noise level. "
                 "Start a new run with a larger privacy.epsilon, or release less."
             )
-        lo, hi = math.log(low), math.log(high)
-        if self.epsilon_if(planned(low)) <= goal:
-            return low
-        while hi - lo > rtol:
-            mid = (lo + hi) / 2
-            if self.epsilon_if(planned(math.exp(mid))) > goal:
-                lo = mid
-            else:
-                hi = mid
-        return math.exp(hi)
+
+        def fits(sigma: float, prv: bool) -> bool:
+            return self._epsilon(self._merged(planned(sigma)), prv=prv) <= goal
+
+        use_prv = self.accountant == "prv" and _prv_applies(self._merged(planned(high)))
+        if not use_prv:
+            return _smallest(lambda s: fits(s, False), low, high, rtol)
+        if not fits(high, False):  # the recorded releases fit only under PRV: no RDP bracket
+            return _smallest(lambda s: fits(s, True), low, high, rtol)
+        sigma_rdp = _smallest(lambda s: fits(s, False), low, high, rtol)
+        lower = max(low, min(sigma_rdp, max(sigma_rdp / 4, 0.1)))
+        return _smallest(lambda s: fits(s, True), lower, sigma_rdp, rtol)
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:

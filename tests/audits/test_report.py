@@ -2,6 +2,7 @@
 bad input (clear error, nothing written), the policy format, and a self-contained HTML page."""
 
 import hashlib
+import html
 import json
 import re
 import subprocess
@@ -14,7 +15,10 @@ import torch
 import yaml
 
 from audits.__main__ import main
+from audits.checks import REGISTRY
+from audits.html import PRIVATE_BANNER
 from audits.policy import CHECKS, PolicyError, load_policy
+from audits.report import FROM_REAL_ROWS
 from lightning_dp.data.datamodule import PrivateDataModule
 from lightning_dp.privacy.ledger import PrivacyLedger
 from lightning_dp.privacy.mechanisms import noise_generator
@@ -80,8 +84,8 @@ def test_train_with_audit_writes_both_report_files(run):
     assert report["config"]["privacy"]["noise_seed"] == 0
     synthetic = report["inputs"]["synthetic"]
     assert synthetic["sha256"] == hashlib.sha256(Path(result["synthetic"]).read_bytes()).hexdigest()
-    assert report["inputs"]["real"]["rows"] == 455 and report["inputs"]["holdout"]["rows"] == 114
-    assert report["candidates"] == {"members": 57, "non_members": 57, "reference": 57}
+    assert report["inputs"]["real"]["rows"] == 458 and report["inputs"]["holdout"]["rows"] == 111  # keyed-hash split
+    assert report["candidates"] == {"members": 55, "non_members": 55, "reference": 56}
     assert {"torch", "pytorch-lightning", "scikit-learn"} <= set(report["versions"])
     assert report["checks"]["utility"]["summary"]["label"] == "diagnosis"
     for attack in report["checks"]["membership"]["attacks"].values():
@@ -102,6 +106,60 @@ def test_html_is_self_contained_and_has_every_section(run):
     for section in SECTIONS:
         assert f'id="{section}"' in page and f'href="#{section}"' in page, section
     assert "dp_merf/embedding/class_counts" in page  # the ledger table
+
+
+def test_report_json_opens_with_its_privacy_label(run):
+    _, out = run
+    text = (out / "report.json").read_text()
+    report = json.loads(text)
+    assert list(report)[0] == "privacy" and text.startswith('{\n "privacy": {')
+    privacy = report["privacy"]
+    assert privacy["contains_private_information"] is True and privacy["dp"] is False
+    assert privacy["dp_artefacts"] == ["synthetic data", "checkpoint", "ledger.json"]
+    assert privacy["private_inputs"] == [
+        "REAL: the private training rows",
+        "HOLDOUT: real rows not trained on",
+    ]
+    assert list(privacy["from_real_rows"]) == [
+        "inputs",
+        "candidates",
+        *(f"checks.{name}" for name in CHECKS),
+        "verdicts",
+    ]
+    statement = privacy["statement"]
+    for words in (
+        "computed from the real private rows, REAL (training) and HOLDOUT",
+        "It is NOT differentially private and is not covered by the run's (ε, δ).",
+        "exact row counts and SHA-256 hashes of REAL and HOLDOUT",
+        "membership-attack scores on REAL and HOLDOUT rows",
+        "distances from REAL and HOLDOUT rows",
+        "histograms of REAL's columns",
+        "Handle it like the private data itself: access-controlled, not published.",
+        "Only the synthetic data, the checkpoint and ledger.json are covered by the run's (ε, δ).",
+    ):
+        assert words in statement, words
+    assert all(what in statement for what in privacy["from_real_rows"].values())
+
+
+def test_every_check_says_what_it_computes_from_real_rows():
+    assert {f"checks.{name}" for name in REGISTRY} <= set(FROM_REAL_ROWS)
+
+
+def test_html_opens_with_the_private_banner_before_any_number(run):
+    _, out = run
+    page = (out / "report.html").read_text()
+    statement = json.loads((out / "report.json").read_text())["privacy"]["statement"]
+    assert PRIVATE_BANNER == "Contains private information — not differentially private"
+    first_number = min(page.index(tag) for tag in ('<div class="meta">', "<table", "<figure"))
+    assert page.index(PRIVATE_BANNER) < page.index(html.escape(statement)) < first_number
+    assert page.index("<h1>") < page.index('id="privacy"')
+    # the one-line reminder sits in the fidelity section, right above the histograms of real columns
+    marginals = page.index('alt="Marginals of REAL vs synthetic rows')
+    reminder = page.index('<p class="private-note">')
+    assert page.count('<p class="private-note">') == 1
+    assert page.index('id="fidelity"') < reminder < marginals
+    assert page.index("<figure", reminder) == page.rindex("<figure", 0, marginals)  # the next figure
+    assert "Private: histograms of the real training rows (REAL), not differentially private." in page
 
 
 def test_cli_on_a_checkpoint_samples_it_and_reports_its_ledger(run, tmp_path):
@@ -126,6 +184,12 @@ def test_cli_on_a_checkpoint_samples_it_and_reports_its_ledger(run, tmp_path):
     )
     report = json.loads((dest / "report.json").read_text())
     assert code == 0 and report["passed"] and report["verdicts"] == []  # defaults only: report, no thresholds
+    assert list(report["privacy"]["from_real_rows"]) == [
+        "inputs",
+        "candidates",
+        "checks.membership",
+        "verdicts",
+    ]
     assert (
         report["inputs"]["synthetic"]["rows"] == 300
         and report["inputs"]["synthetic"]["kind"] == "checkpoint sample"
@@ -139,7 +203,7 @@ def test_cli_on_a_checkpoint_samples_it_and_reports_its_ledger(run, tmp_path):
         report["inputs"]["checkpoint"]["sha256"]
         == hashlib.sha256(Path(result["checkpoint"]).read_bytes()).hexdigest()
     )
-    assert report["inputs"]["real"]["rows"] == 455  # the run's split, from its config
+    assert report["inputs"]["real"]["rows"] == 458  # the run's split, from its config
 
 
 @pytest.mark.parametrize("max_auc,code", [(1.0, 0), (0.01, 1)])
@@ -275,6 +339,8 @@ def test_files_without_a_schema_infer_types_and_skip_utility_without_a_label(run
         report["checks"]["utility"]["status"] == "skipped"
         and "no label" in report["checks"]["utility"]["reason"]
     )
+    assert "checks.utility" not in report["privacy"]["from_real_rows"]  # skipped: nothing of it in the report
+    assert "classifiers trained on" not in report["privacy"]["statement"]
     assert report["checks"]["lmdp_mmd"]["columns"] == report["columns"]["numeric"]
     assert [v["check"] for v in report["verdicts"]] == ["lmdp_mmd"]
     code, dest = _cli(run, tmp_path / "labelled", "--policy", policy, "--label", "diagnosis")

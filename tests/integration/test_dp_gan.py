@@ -27,11 +27,15 @@ def test_dp_cgan_accounts_every_step_and_spends_the_target(tmp_path):
     result = train(make_cfg(tmp_path, "model=dp_cgan", *GAN, "trainer.max_epochs=2"))
     ledger = ledger_of(tmp_path)
     names = [r["name"] for r in ledger["releases"]]
-    assert names == ["label_proportions/class_counts", "dp_sgd/discriminator"]
-    assert steps(ledger) == torch.load(result["checkpoint"], weights_only=True)["global_step"] // 2 == 14
+    assert names == ["data/num_rows", "label_proportions/class_counts", "dp_sgd/discriminator"]
+    ckpt = torch.load(result["checkpoint"], weights_only=True)
+    n_released = ckpt["lightning_dp"]["data"]["num_rows"]["value"]  # q = L/ñ: steps per epoch from the DP count
+    assert steps(ledger) == ckpt["global_step"] // 2 == 2 * round(n_released / 64)
+    sgd = next(r for r in ledger["releases"] if r["name"] == "dp_sgd/discriminator")
+    assert sgd["sample_rate"] == pytest.approx(64 / n_released)
     assert ledger["epsilon"] <= 1.0 and ledger["epsilon"] == pytest.approx(1.0, rel=0.02)
     synth = pd.read_csv(result["synthetic"])
-    assert set(synth["diagnosis"]) <= {"malignant", "benign"} and len(synth) == 455
+    assert set(synth["diagnosis"]) <= {"malignant", "benign"} and len(synth) == round(n_released)
 
 
 def test_training_stops_at_the_budget(tmp_path):
@@ -98,17 +102,19 @@ def test_resume_continues_the_spend(tmp_path):
         )
     )
     second = ledger_of(tmp_path)
-    assert steps(second) == 2 * steps(first) == 56
+    assert steps(second) == 2 * steps(first)
     assert second["epsilon"] > first["epsilon"]
-    assert second["releases"][0]["noise_multiplier"] == first["releases"][0]["noise_multiplier"] == 3.0
-    assert ckpt["global_step"] == 56
+    sgd = [next(r for r in ledger["releases"] if r["name"] == "dp_sgd/discriminator") for ledger in (first, second)]
+    assert sgd[0]["noise_multiplier"] == sgd[1]["noise_multiplier"] == 3.0
+    assert sgd[0]["sample_rate"] == sgd[1]["sample_rate"]  # the count is not released again on resume
+    assert ckpt["global_step"] == 2 * steps(first)
 
 
 def test_unconditional_dp_gan_generates_the_label_too(tmp_path):
     result = train(make_cfg(tmp_path, "model=dp_gan", *GAN, "trainer.max_epochs=1"))
     synth = pd.read_csv(result["synthetic"])
     assert set(synth["diagnosis"]) <= {"malignant", "benign"}
-    assert [r["name"] for r in ledger_of(tmp_path)["releases"]] == ["dp_sgd/discriminator"]
+    assert [r["name"] for r in ledger_of(tmp_path)["releases"]] == ["data/num_rows", "dp_sgd/discriminator"]
 
 
 @pytest.mark.ddp
@@ -119,6 +125,7 @@ def test_two_process_ddp_on_cpu_matches_one_process(tmp_path):
         "trainer.max_epochs=1",
         "trainer.enable_progress_bar=false",
         "model.module.batch_size=32",
+        "privacy.noise_seed=0",  # the same DP row count, hence the same q and steps, in both runs
     ]
     runs = {}
     for name, extra in {

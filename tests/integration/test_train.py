@@ -37,6 +37,7 @@ def test_run_writes_every_artefact_and_spends_exactly_the_target(run):
     assert ledger["epsilon"] <= 1.0 and ledger["epsilon"] == pytest.approx(1.0, rel=0.01)
     names = [r["name"] for r in ledger["releases"]]
     assert names == [
+        "data/num_rows",
         "dp_merf/embedding/bandwidth_moments",
         "dp_merf/embedding",
         "dp_merf/embedding/class_counts",
@@ -44,14 +45,16 @@ def test_run_writes_every_artefact_and_spends_exactly_the_target(run):
     for r in ledger["releases"]:
         assert {"mechanism", "sensitivity", "noise_multiplier", "count", "epsilon_alone"} <= set(r)
     ckpt = torch.load(result["checkpoint"], weights_only=True)
-    assert ckpt["lightning_dp"]["ledger"]["releases"][1]["name"] == "dp_merf/embedding"
+    assert ckpt["lightning_dp"]["ledger"]["releases"][2]["name"] == "dp_merf/embedding"
+    assert ckpt["lightning_dp"]["data"]["num_rows"]["source"] == "dp"
 
 
 def test_synthetic_csv_has_the_users_columns(run):
     _, result = run
     df = pd.read_csv(result["synthetic"])
     schema = bundled_schema("breast_cancer")
-    assert list(df.columns) == schema.names and len(df) == 455
+    released = torch.load(result["checkpoint"], weights_only=True)["lightning_dp"]["data"]["num_rows"]["value"]
+    assert list(df.columns) == schema.names and len(df) == round(released)  # the DP count, never the exact n
     assert set(df["diagnosis"]) <= {"malignant", "benign"}
     for c in schema.features:
         lo, hi = c.bounds

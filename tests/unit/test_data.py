@@ -95,7 +95,9 @@ def test_dp_release_of_missing_bounds_and_categories_is_charged():
     )
     data = validate(df, schema)
     ledger = PrivacyLedger(target_epsilon=1.0, delta=1e-6)
-    out = release_schema(data, schema, ledger, epsilon=0.5, generator=mech.noise_generator(0))
+    out = release_schema(
+        data, schema, ledger, epsilon=0.5, num_rows=n + 12.0, generator=mech.noise_generator(0)
+    )
     assert out["c"].categories == ["p", "q", "r"] and out["y"].categories == ["0", "1"]
     lo, hi = out["x"].bounds
     assert 15 <= lo <= 35 and 65 <= hi <= 90

@@ -37,7 +37,8 @@ def trainer_stub(max_steps=10):
 
 class Data:
     def __init__(self, n=1000, batch_size=32):
-        self.num_rows, self.batch_size = n, batch_size
+        self.batch_size = batch_size
+        self.released_num_rows = float(n)  # DP-SGD sees only the released count
 
     def use_poisson_sampling(self, **kwargs):
         self.poisson = kwargs

@@ -1,11 +1,13 @@
 import json
 import math
+import resource
 
 import numpy as np
 import pytest
+from opacus.accountants.analysis.prv import Domain
 
 from lightning_dp.privacy import mechanisms as mech
-from lightning_dp.privacy.ledger import BudgetExceededError, PrivacyLedger, Release
+from lightning_dp.privacy.ledger import PRV_MAX_POINTS, BudgetExceededError, PrivacyLedger, Release
 
 
 def sgd(count: int = 2250, sigma: float = 1.5, q: float = 0.04) -> Release:
@@ -111,6 +113,51 @@ def test_prv_is_never_looser_than_rdp():
     rdp.record(sgd())
     prv.record(sgd())
     assert prv.spent < rdp.spent
+
+
+def test_prv_calibration_of_dp_sgd_stays_in_bounded_memory():
+    # Opacus' default PRV grid at σ = 1e-3 (the old first probe) has ~1e13 points.
+    def planned(s):
+        return [sgd(count=1000, sigma=s, q=0.01)]
+
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+    prv = PrivacyLedger(target_epsilon=1.0, delta=1e-5, accountant="prv")
+    sigma_prv = prv.calibrate(planned)
+    growth_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+    sigma_rdp = PrivacyLedger(target_epsilon=1.0, delta=1e-5).calibrate(planned)
+    assert growth_mib < 1024
+    assert sigma_rdp == pytest.approx(1.5132, rel=1e-3) and sigma_prv == pytest.approx(1.4243, rel=1e-3)
+    assert sigma_prv <= sigma_rdp
+    assert prv.epsilon_if(planned(sigma_prv)) <= 1.0
+
+
+def test_prv_is_skipped_where_rdp_epsilon_is_huge():
+    prv, rdp = (
+        PrivacyLedger(target_epsilon=1, delta=1e-5, accountant="prv"),
+        PrivacyLedger(target_epsilon=1, delta=1e-5),
+    )
+    tiny = [sgd(count=1000, sigma=1e-3, q=0.01)]
+    assert prv.epsilon(tiny) == rdp.epsilon(tiny) > 1e8
+
+
+def test_prv_grid_is_capped(monkeypatch):
+    # σ = 0.3, q = 0.01, 1000 steps: RDP ε = 79, so PRV is tried at target 10, and Opacus' default grid
+    # (eps_error = 0.01) would have 2.2e6 points.
+    sizes = []
+    create = Domain.create_aligned.__func__
+
+    def spy(cls, t_min, t_max, dt):
+        domain = create(cls, t_min, t_max, dt)
+        sizes.append(domain.size)
+        return domain
+
+    monkeypatch.setattr(Domain, "create_aligned", classmethod(spy))
+    ledger = PrivacyLedger(target_epsilon=10, delta=1e-5, accountant="prv")
+    releases = [sgd(count=1000, sigma=0.3, q=0.01)]
+    eps = ledger.epsilon(releases)
+    assert sizes and max(sizes) <= PRV_MAX_POINTS + 2
+    rdp = PrivacyLedger(target_epsilon=10, delta=1e-5).epsilon(releases)
+    assert math.isfinite(eps) and eps < rdp == pytest.approx(79.05, abs=0.01)
 
 
 def test_additive_delta_is_charged():

@@ -1,0 +1,85 @@
+"""The privacy claim, end to end: the real ``train()`` on neighbouring files, every artefact read back.
+
+Fast: no artefact (checkpoint, synthetic file, ledger.json, metrics, configs, log records) is a deterministic
+function of the data, for the default run (DP-MERF) and a DP-SGD run (DP-GAN). Slow: hundreds of runs on D and
+D + one planted row, and the ε lower bound from every artefact stays below the claimed ε.
+"""
+
+import importlib.util
+import sys
+
+import numpy as np
+import pytest
+
+from audits.end_to_end import Run, deterministic_leaks, epsilon_lower_bounds, find_deterministic_leaks
+from tests.conftest import ROOT
+
+spec = importlib.util.spec_from_file_location("bench_e2e_privacy", ROOT / "bench" / "e2e_privacy.py")
+e2e = sys.modules["bench_e2e_privacy"] = importlib.util.module_from_spec(spec)  # a script, not a package module
+spec.loader.exec_module(e2e)
+
+DELTA = 1e-5
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    work = tmp_path_factory.mktemp("e2e")
+    return work, *e2e.neighbouring_files(work)
+
+
+def _runner(files, config: str):
+    work, d_path, p_path = files
+    cfg = e2e.compose_run(work / "data.csv", config)
+    return (lambda: e2e.run_once(cfg, d_path, work / "run")), (lambda: e2e.run_once(cfg, p_path, work / "run"))
+
+
+def test_the_planted_row_is_trained_on(files):
+    from lightning_dp.data.sources import read_table
+    from lightning_dp.data.splits import holdout_mask
+
+    _, d_path, p_path = files
+    d, p = read_table(d_path), read_table(p_path)
+    assert len(p) == len(d) + 1
+    assert not holdout_mask(p.tail(1), fraction=0.2, seed=0)[0]  # so D' trains on one row more than D
+    # the keyed-hash split: adding the row moves no other row between training and holdout
+    assert np.array_equal(holdout_mask(d, fraction=0.2, seed=0), holdout_mask(p, fraction=0.2, seed=0)[:-1])
+
+
+@pytest.mark.parametrize("config", ["default", "dp_sgd"])
+def test_no_artefact_is_a_deterministic_function_of_the_data(files, config, single_thread):
+    run_d, run_p = _runner(files, config)
+    assert find_deterministic_leaks(run_d, run_p) == []
+
+
+def test_the_deterministic_check_finds_a_planted_leak():
+    # what the pipeline leaked before: the exact n in the synthetic file and in DP-SGD's sample rate
+    def run(n: int, noise: float) -> dict:
+        return {"synthetic.csv": {"rows": float(n), "mean": noise}, "ledger.json": {"/sample_rate": 64 / n}}
+
+    leaks = deterministic_leaks([run(455, 0.1), run(455, 0.2)], [run(456, 0.3), run(456, 0.4)])
+    assert leaks == ["ledger.json: /sample_rate (D: 0.14065934065934066, D': 0.14035087719298245)",
+                     "synthetic.csv: rows (D: 455.0, D': 456.0)"]
+
+
+def test_the_bound_has_power_on_a_leaking_artefact_and_none_on_noise():
+    rng = np.random.default_rng(0)
+    runs = []
+    for i in range(400):
+        canary = i % 2 == 0
+        runs.append(Run({"leaky": {"rows": 456.0 if canary else 455.0},
+                         "noisy": {"x": np.asarray(rng.normal(size=50))}}, canary))
+    bounds = {b.artefact: b.epsilon_lower_bound for b in epsilon_lower_bounds(runs, delta=DELTA)}
+    assert bounds["leaky"] > 3.0  # 100 evaluation runs per side, no error: ln(~1/0.04)
+    assert bounds["noisy"] < 0.5
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("config,runs", [("default", 150), ("dp_sgd", 100)])
+def test_empirical_epsilon_from_every_artefact_stays_below_the_claim(files, config, runs, single_thread):
+    run_d, run_p = _runner(files, config)
+    trials = []
+    for _ in range(runs):
+        trials += [Run(run_p(), with_canary=True), Run(run_d(), with_canary=False)]
+    bounds = epsilon_lower_bounds(trials, delta=DELTA)
+    worst = bounds[0]
+    assert worst.epsilon_lower_bound <= 1.0, worst  # the claimed ε of both configs
