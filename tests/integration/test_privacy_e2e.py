@@ -74,7 +74,7 @@ def test_the_bound_has_power_on_a_leaking_artefact_and_none_on_noise():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("config,runs", [("default", 150), ("dp_sgd", 100)])
+@pytest.mark.parametrize("config,runs", [("default", 300), ("dp_sgd", 300)])
 def test_empirical_epsilon_from_every_artefact_stays_below_the_claim(files, config, runs, single_thread):
     run_d, run_p = _runner(files, config)
     trials = []
