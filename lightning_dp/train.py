@@ -15,7 +15,8 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from lightning_dp.checkpoint import AtomicCheckpointIO, RunRecord, load_checkpoint, write_run_files
+from lightning_dp.callbacks.run_record import RunRecord, write_run_files
+from lightning_dp.checkpoint import AtomicCheckpointIO, load_checkpoint
 from lightning_dp.data.datamodule import PrivateDataModule, write_table
 from lightning_dp.data.dp_count import RowCount
 from lightning_dp.launch import launch_rank, publish_prefit, wait_for_prefit

@@ -1,0 +1,108 @@
+"""The run's record in every checkpoint and beside it: ledger, config, public data facts, versions."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from pytorch_lightning import Callback, LightningModule, Trainer
+
+from lightning_dp.checkpoint import FORMAT_VERSION, versions
+from lightning_dp.io import atomic_write_text
+from lightning_dp.privacy.ledger import PrivacyLedger
+from lightning_dp.privacy.metrics import declare_metrics
+
+log = logging.getLogger(__name__)
+
+
+class RunRecord(Callback):
+    """Carries the ledger and the run's public facts in every checkpoint and beside it.
+
+    * ``state_dict`` / ``load_state_dict``: the ledger, so a resumed run continues its ε;
+    * ``on_save_checkpoint``: adds the ``lightning_dp`` record and rewrites ``ledger.json``;
+    * logs ``privacy/epsilon`` and ``privacy/epsilon_remaining``;
+    * saves ``last.ckpt`` right after the first releases, so an interrupted run can resume without
+      releasing anything twice.
+    """
+
+    def __init__(self, *, ledger: PrivacyLedger, config: dict[str, Any], data_state: dict[str, Any],
+                 output_dir: str | os.PathLike) -> None:
+        self.ledger, self.config, self.data_state = ledger, config, data_state
+        self.output_dir = Path(output_dir)
+
+    @property
+    def ledger_path(self) -> Path:
+        return self.output_dir / "ledger.json"
+
+    @property
+    def last_path(self) -> Path:
+        return self.output_dir / "checkpoints" / "last.ckpt"
+
+    def record(self) -> dict[str, Any]:
+        return {"format_version": FORMAT_VERSION, "config": self.config, "data": self.data_state,
+                "ledger": self.ledger.state_dict(), "versions": versions()}
+
+    public_metrics = {"privacy/epsilon": "the ledger's spend (a function of the releases' public parameters)",
+                      "privacy/epsilon_remaining": "target minus spend"}
+
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        declare_metrics(pl_module, self.public_metrics)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"ledger": self.ledger.state_dict()}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.ledger.load_state_dict(state_dict["ledger"])
+
+    def write_ledger(self, trainer: Trainer | None = None) -> None:
+        if trainer is None or trainer.is_global_zero:
+            self.ledger.save_json(self.ledger_path)
+
+    def on_save_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
+        checkpoint["lightning_dp"] = self.record()
+        self.write_ledger(trainer)
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self.write_ledger(trainer)
+        if self.ledger.spent > 0 and not self.last_path.exists():
+            trainer.save_checkpoint(self.last_path)
+
+    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, *args: Any) -> None:
+        self._log(pl_module)
+
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self.write_ledger(trainer)
+        if trainer.world_size > 1:
+            self._check_replicas(trainer, pl_module)
+
+    def _check_replicas(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """Under DDP every rank must hold the same parameters (noise added once, gradients synced);
+        writes ``replicas.json`` and raises if they diverged."""
+        flat = torch.cat([p.detach().double().reshape(-1) for p in pl_module.parameters()])
+        weights = torch.linspace(1.0, 2.0, len(flat), dtype=torch.float64, device=flat.device)
+        checksum = torch.stack([flat.sum(), flat.square().sum(), (flat * weights).sum()])  # (3,)
+        gathered = trainer.strategy.all_gather(checksum).cpu()  # (W, 3)
+        identical = bool(torch.allclose(gathered, gathered[0].expand_as(gathered), rtol=1e-12, atol=0))
+        if trainer.is_global_zero:
+            atomic_write_text(self.output_dir / "replicas.json", json.dumps(
+                {"world_size": trainer.world_size, "identical": identical, "checksums": gathered.tolist()}, indent=2))
+        if not identical:
+            raise RuntimeError(f"DDP replicas diverged (parameter checksums {gathered.tolist()}): noise or gradients "
+                               "were not synchronised. The run's samples are not trustworthy.")
+
+    def _log(self, pl_module: LightningModule) -> None:
+        eps = self.ledger.spent
+        pl_module.log("privacy/epsilon", eps, prog_bar=True, on_step=True, on_epoch=False)
+        pl_module.log("privacy/epsilon_remaining", max(self.ledger.target_epsilon - eps, 0.0), on_step=True,
+                      on_epoch=False)
+
+
+def write_run_files(output_dir: str | os.PathLike, *, config_yaml: str) -> None:
+    """``config.yaml`` (resolved) and ``versions.json`` beside the checkpoints, atomically."""
+    out = Path(output_dir)
+    atomic_write_text(out / "config.yaml", config_yaml)
+    atomic_write_text(out / "versions.json", json.dumps(versions(), indent=2) + "\n")
