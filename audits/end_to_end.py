@@ -188,7 +188,7 @@ def deterministic_leaks(on_d: list[Mapping[str, Mapping[str, Any]]],
 
 def find_deterministic_leaks(run_d: Callable[[], Mapping[str, Mapping[str, Any]]],
                              run_d_prime: Callable[[], Mapping[str, Mapping[str, Any]]], *,
-                             max_runs: int = 5) -> list[str]:
+                             max_runs: int = 8) -> list[str]:
     """Two runs per side, then one more per side while any value looks deterministic (up to ``max_runs``).
 
     A truly deterministic value stays flagged however many runs are added; a noisy value with a few levels

@@ -1,7 +1,8 @@
 """What an audit reads: synthetic rows, the real training rows (REAL) and a real holdout (HOLDOUT).
 
-* synthetic: a CSV/Parquet file in the user's columns, or a lightning-dp checkpoint, sampled with
-  :func:`lightning_dp.sample.sample_checkpoint` (its ledger and config then go into the report);
+* synthetic: a CSV/Parquet file in the user's columns, or a lightning-dp checkpoint, loaded (its whole record
+  checked first) with :func:`lightning_dp.checkpoint.load_run` and sampled with
+  :func:`lightning_dp.sample.sample_run` (its ledger and config then go into the report);
 * REAL and HOLDOUT: CSV/Parquet files, or a data set name (``adult``, ``breast_cancer``, ...), loaded with
   :class:`~lightning_dp.data.datamodule.PrivateDataModule` (``.train_frame`` and ``.holdout``) with the
   checkpoint's data config and released schema, so that nothing is released again.
@@ -13,9 +14,11 @@ category ``"1"``), missing tokens as NaN.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -283,6 +286,17 @@ def normalise(
 
 
 # ------------------------------------------------------------------------------------------ loading
+@contextlib.contextmanager
+def _refused_as_input_error() -> Iterator[None]:
+    """A checkpoint the loader refuses (``UnsafeConfigError``) is bad input: the same message as an InputError."""
+    from lightning_dp.checkpoint import UnsafeConfigError
+
+    try:
+        yield
+    except UnsafeConfigError as err:
+        raise InputError(str(err)) from err
+
+
 def load_inputs(
     synthetic: str | Path,
     *,
@@ -305,8 +319,9 @@ def load_inputs(
         label: the label column (default: the schema's).
 
     Raises:
-        InputError: bad files or names, columns that differ, too few rows, an image or unknown-model checkpoint.
-        CheckpointError: an unreadable or foreign checkpoint.
+        InputError: bad files or names, columns that differ, too few rows, an image checkpoint, or a checkpoint
+            whose record the loader refuses (an ``UnsafeConfigError``'s message: a planted ``_target_``, ...).
+        CheckpointError: an unreadable or foreign checkpoint, or one of an unknown model.
     """
     from lightning_dp.checkpoint import load_checkpoint
     from lightning_dp.data.schema import Schema
@@ -316,16 +331,11 @@ def load_inputs(
     record = None
     sources: dict[str, dict[str, Any]] = {}
     if synthetic.suffix.lower() not in TABLE_SUFFIXES:
-        from lightning_dp.models import MODELS
+        from lightning_dp.checkpoint import validate_record
 
         record = load_checkpoint(synthetic)["lightning_dp"]
-        model = (record.get("config") or {}).get("model", {}).get("name")
-        if model not in MODELS:
-            raise InputError(
-                f"Checkpoint {str(synthetic)!r} is of an unknown model {model!r}; valid models: "
-                f"{', '.join(MODELS)}. Pass a checkpoint written by train.py, or a synthetic "
-                f"file ({'/'.join(TABLE_SUFFIXES)})."
-            )
+        with _refused_as_input_error():  # the whole record, before its data config is used or a model built
+            validate_record(record, path=synthetic)
         if record["data"].get("kind") != "tabular":
             raise InputError(
                 f"Checkpoint {str(synthetic)!r} generates {record['data'].get('kind')} data; the "
@@ -333,7 +343,7 @@ def load_inputs(
             )
         sources["checkpoint"] = {
             "path": str(synthetic),
-            "model": model,
+            "model": record["config"]["model"]["name"],
             "sha256": sha256_file(synthetic),
             "sha256_of": "file bytes",
         }
@@ -364,12 +374,15 @@ def load_inputs(
     else:
         import torch
 
-        from lightning_dp.sample import sample_checkpoint
+        from lightning_dp.checkpoint import load_run
+        from lightning_dp.sample import sample_run
 
         n = num_rows or len(raw["real"])
         with tempfile.TemporaryDirectory() as tmp, torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)  # the generator's categorical draws use the global RNG: seed it, locally
-            path = sample_checkpoint(synthetic, n, Path(tmp) / "synthetic.parquet", seed=seed)
+            with _refused_as_input_error():
+                run = load_run(synthetic)
+            path = sample_run(run, n, Path(tmp) / "synthetic.parquet", seed=seed)
             raw["synthetic"] = pd.read_parquet(path)
         sources["synthetic"] = frame_source(
             f"{n:,} rows sampled from {synthetic}", raw["synthetic"], kind="checkpoint sample", seed=seed

@@ -99,7 +99,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", choices=sorted(CONFIGS), default="default")
     parser.add_argument("--runs", type=int, default=200, help="runs per side (D and D')")
-    parser.add_argument("--deterministic", action="store_true", help="only the deterministic-value check (2 to 5 runs per side)")
+    parser.add_argument("--deterministic", action="store_true", help="only the deterministic-value check (2 to 8 runs per side)")
     parser.add_argument("--set", nargs="*", default=[], help="extra Hydra overrides")
     args = parser.parse_args()
     import logging

@@ -358,21 +358,17 @@ def discriminator_weighted_sample(checkpoint: str, n: int, seed: int) -> tuple[p
     With as many synthetic as real rows in the discriminator's training (N_G = N_D) the prior term is 0,
     so ``log w`` is the discriminator's logit. Weights are normalised to mean 1. Post-processing only.
     """
-    from lightning_dp.checkpoint import load_checkpoint
-    from lightning_dp.models import build_model
-    from lightning_dp.sample import _layout
+    from lightning_dp.checkpoint import load_run
 
-    ckpt = load_checkpoint(checkpoint)
-    record = ckpt["lightning_dp"]
-    model = build_model(record["config"]["model"], _layout(record["data"]))
-    model.load_state_dict(ckpt["state_dict"])
+    run = load_run(checkpoint)
+    model = run.model
     model.eval()
     x, y = model.sample(n, seed=seed)
     with torch.no_grad():
         joined, y_in = model._join(x, y)  # what the discriminator saw (label block for DP-GAN)
         logit = model.discriminator(joined, y_in).double()  # (n,)
     weights = torch.softmax(logit, 0).numpy() * n  # exp(logit) normalised to mean 1
-    return decode_samples(record["data"], x, y), weights
+    return decode_samples(run.data_state, x, y), weights
 
 
 def fidelity_tabular(data: RealData, results: dict[int, dict[str, Any]]) -> dict[str, list[float]]:

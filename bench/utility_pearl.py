@@ -37,13 +37,11 @@ from hydra import compose, initialize_config_dir
 from threadpoolctl import threadpool_limits
 
 from audits.utility import tstr
-from lightning_dp.checkpoint import load_checkpoint
+from lightning_dp.checkpoint import load_run
 from lightning_dp.data.datamodule import PrivateDataModule, decode_samples
 from lightning_dp.data.sources import DEFAULT_ROOT
-from lightning_dp.models import build_model
 from lightning_dp.privacy import mechanisms as mech
 from lightning_dp.privacy.ledger import PrivacyLedger
-from lightning_dp.sample import _layout
 from lightning_dp.train import train
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -66,12 +64,9 @@ def public_data(name: str) -> PrivateDataModule:
 
 def resample(checkpoint: str, n: int, labels: torch.Tensor, seed: int) -> pd.DataFrame:
     """Rows of a trained checkpoint with given labels (post-processing), in the user's columns."""
-    ckpt = load_checkpoint(checkpoint)
-    record = ckpt["lightning_dp"]
-    model = build_model(record["config"]["model"], _layout(record["data"]))
-    model.load_state_dict(ckpt["state_dict"])
-    x, y = model.sample(n, labels=labels, seed=seed)
-    return decode_samples(record["data"], x, y)
+    run = load_run(checkpoint)
+    x, y = run.model.sample(n, labels=labels, seed=seed)
+    return decode_samples(run.data_state, x, y)
 
 
 def paper_prevalence(test: pd.DataFrame, label: str, positive: str, seed: int = 0) -> pd.DataFrame:

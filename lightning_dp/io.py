@@ -12,7 +12,8 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[str], None]) -> 
     """Call ``write(tmp_path)`` on a temporary file beside ``path``, then rename it into place.
 
     The rename is atomic on POSIX file systems, so readers never see a partial file, and an error in
-    ``write`` leaves any previous ``path`` untouched.
+    ``write`` leaves any previous ``path`` untouched. The file and then its folder are fsync'd, so once
+    this returns the new content survives a crash of the machine too.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -20,7 +21,10 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[str], None]) -> 
     os.close(fd)
     try:
         write(tmp)
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
         os.replace(tmp, path)
+        _fsync_dir(path.parent)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
@@ -30,3 +34,17 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[str], None]) -> 
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
     """Write ``text`` to ``path`` atomically (UTF-8)."""
     atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+
+
+def _fsync_dir(folder: Path) -> None:
+    """Make a rename in ``folder`` durable (POSIX); a no-op where folders cannot be opened (Windows)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

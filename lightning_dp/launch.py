@@ -49,10 +49,21 @@ def _run_id(*, create: bool) -> str | None:
     return None
 
 
-def publish_prefit(output_dir: str | Path, *, ledger: dict[str, Any], data: dict[str, Any]) -> None:
-    """Rank 0: hand the pre-fit ledger and data state (DP or public values only) to the other ranks."""
-    payload = {"run_id": _run_id(create=True), "ledger": ledger, "data": data}
+def publish_prefit(output_dir: str | Path, *, ledger: dict[str, Any], data: dict[str, Any],
+                   complete: bool) -> None:
+    """Rank 0: save the pre-fit ledger and data state (DP or public values only), atomically.
+
+    The same file is the durable record of the pre-training releases (a resumed run reuses its count and
+    schema instead of releasing them again) and, once ``complete``, the hand-off to the other ranks.
+    """
+    payload = {"run_id": _run_id(create=True), "complete": complete, "ledger": ledger, "data": data}
     atomic_write_text(Path(output_dir) / HANDOFF, json.dumps(payload) + "\n")
+
+
+def read_prefit(output_dir: str | Path) -> dict[str, Any] | None:
+    """The saved pre-fit record of a run (complete or not), or ``None``."""
+    path = Path(output_dir) / HANDOFF
+    return json.loads(path.read_text()) if path.is_file() else None
 
 
 def wait_for_prefit(output_dir: str | Path, *, timeout_s: float = 900.0) -> dict[str, Any]:
@@ -71,7 +82,7 @@ def wait_for_prefit(output_dir: str | Path, *, timeout_s: float = 900.0) -> dict
     while time.monotonic() < deadline:
         if path.is_file():
             payload = json.loads(path.read_text())
-            if payload.get("run_id") == run_id:
+            if payload.get("run_id") == run_id and payload.get("complete"):
                 return payload
         time.sleep(0.5)
     raise RuntimeError(f"Rank {launch_rank()} waited {timeout_s:.0f} s for rank 0's releases in {str(path)!r}: rank 0 "

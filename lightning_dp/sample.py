@@ -12,46 +12,40 @@ import logging
 import sys
 from pathlib import Path
 
-from lightning_dp.checkpoint import CheckpointError, load_checkpoint
+from lightning_dp.checkpoint import CheckpointError, LoadedRun, UnsafeConfigError, load_run
 from lightning_dp.data.schema import DataError
-from lightning_dp.models import build_model
 from lightning_dp.train import write_samples
 
 SUFFIXES = {"tabular": (".csv", ".parquet", ".pq"), "image": (".npz",)}
 
 
 def sample_checkpoint(checkpoint: str | Path, num_rows: int, out: str | Path, *, seed: int | None = None) -> str:
-    """Load ``checkpoint``, draw ``num_rows`` samples and write them to ``out``.
+    """Load ``checkpoint`` with :func:`~lightning_dp.checkpoint.load_run` and write ``num_rows`` samples to ``out``.
 
     Raises:
+        UnsafeConfigError: the checkpoint's record names a class or holds a value the loader refuses.
         CheckpointError: unreadable or foreign checkpoint.
         ValueError: a bad row count or an output suffix that does not fit the data kind.
     """
     if num_rows <= 0:
         raise ValueError(f"--num-rows must be positive, got {num_rows}.")
-    ckpt = load_checkpoint(checkpoint)
-    record = ckpt["lightning_dp"]
-    kind = record["data"]["kind"]
+    return sample_run(load_run(checkpoint), num_rows, out, seed=seed)
+
+
+def sample_run(run: LoadedRun, num_rows: int, out: str | Path, *, seed: int | None = None) -> str:
+    """Draw ``num_rows`` samples from a loaded run and write them to ``out`` (its suffix picks the format).
+
+    Raises:
+        ValueError: a bad row count or an output suffix that does not fit the data kind.
+    """
+    if num_rows <= 0:
+        raise ValueError(f"--num-rows must be positive, got {num_rows}.")
+    kind = run.data_state["kind"]
     out = Path(out)
     if out.suffix.lower() not in SUFFIXES[kind]:
         raise ValueError(f"This checkpoint generates {kind} data: write it to a file ending in "
                          f"{' or '.join(SUFFIXES[kind])}, not {out.name!r}.")
-    model = build_model(record["config"]["model"], _layout(record["data"]))
-    model.load_state_dict(ckpt["state_dict"])
-    return write_samples(model, record["data"], num_rows, out.with_suffix(""), seed=seed, suffix=out.suffix)
-
-
-def _layout(data_state: dict) -> dict:
-    if data_state["kind"] == "image":
-        import numpy as np
-
-        return {"n_continuous": int(np.prod(data_state["image_shape"])), "block_sizes": [],
-                "num_classes": len(data_state["classes"])}
-    from lightning_dp.data.encoders import TabularEncoder
-    from lightning_dp.data.schema import Schema
-
-    enc = TabularEncoder(Schema.from_dict(data_state["schema"]))
-    return {"n_continuous": enc.n_continuous, "block_sizes": enc.block_sizes, "num_classes": enc.num_classes}
+    return write_samples(run.model, run.data_state, num_rows, out.with_suffix(""), seed=seed, suffix=out.suffix)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -64,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING)
     try:
         path = sample_checkpoint(args.checkpoint, args.num_rows, args.out, seed=args.seed)
-    except (CheckpointError, DataError, ValueError) as err:
+    except (UnsafeConfigError, CheckpointError, DataError, ValueError) as err:  # bad input: the message says why
         print(f"error: {err}", file=sys.stderr)
         return 2
     print(f"wrote {args.num_rows} rows to {path}")

@@ -2,28 +2,29 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytorch_lightning as pl
 import torch
-from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from lightning_dp.callbacks.run_record import RunRecord, write_run_files
-from lightning_dp.checkpoint import AtomicCheckpointIO, load_checkpoint
+from lightning_dp.checkpoint import AtomicCheckpointIO
 from lightning_dp.data.datamodule import PrivateDataModule, write_table
 from lightning_dp.data.dp_count import RowCount
 from lightning_dp.launch import launch_rank, publish_prefit, wait_for_prefit
-from lightning_dp.models import build_model
+from lightning_dp.models import build_mechanisms, build_model
+from lightning_dp.preflight import check_run, check_space, checkpoint_bytes
 from lightning_dp.privacy import mechanisms as mech
 from lightning_dp.privacy.ledger import BudgetExceededError, PrivacyLedger
 from lightning_dp.privacy.metrics import GuardedCSVLogger, declared_metrics
+from lightning_dp.resume import resume_config, resume_state
 
 log = logging.getLogger(__name__)
 
@@ -55,74 +56,98 @@ def check_delta(delta: float, count: RowCount, *, allow_large_delta: bool) -> No
 def _resume_path(cfg: DictConfig) -> Path | None:
     if not cfg.get("resume"):
         return None
-    path = Path(cfg.output_dir) / "checkpoints" / "last.ckpt" if cfg.resume == "last" else Path(cfg.resume)
-    return path
+    return Path(cfg.output_dir) / "checkpoints" / "last.ckpt" if cfg.resume == "last" else Path(cfg.resume)
 
 
-def train(cfg: DictConfig) -> dict[str, Any]:
+def train(cfg: DictConfig, *, overrides: Sequence[str] | None = None) -> dict[str, Any]:
     """Train one generator privately and write the run's artefacts to ``cfg.output_dir``.
 
     Writes ``config.yaml``, ``versions.json``, ``ledger.json``, ``checkpoints/last.ckpt`` and
     ``synthetic.csv`` (tabular) or ``synthetic.npz`` + ``synthetic.png`` (images).
 
+    Order (so that a run that cannot finish spends nothing, and a kill loses no budget):
+    settings and the output folder are checked; the run's records are read (resume) or the folder is
+    checked to be new; the row count and schema facts are released in durable blocks (saved to
+    ``.prefit.json`` and ``ledger.json`` before use); the model is built and the free space checked for its
+    checkpoints; then training, whose releases are saved the same way (``RunRecord``).
+
+    Args:
+        cfg: the composed config.
+        overrides: the command line's overrides (``train.py``); with ``resume``, they are applied to the
+            run's saved config, and only those in ``resume.RESUMABLE`` are allowed.
+
     Returns:
         Paths of the artefacts and the ε spent.
 
     Raises:
-        ValueError: bad privacy settings, unknown model or data set, bad data (a ``DataError``).
+        ValueError: bad settings (``ConfigError``), unknown model or data set, bad data (``DataError``), a
+            resume that would change the run (``ResumeError``).
         BudgetExceededError: the budget is already spent (e.g. resuming a finished run).
     """
-    out = Path(cfg.output_dir)
-    ledger = make_ledger(cfg.privacy)
     resume = _resume_path(cfg)
-    rank = launch_rank()
-    state = None
     if resume is not None:
-        ckpt = load_checkpoint(resume)
-        state = ckpt["lightning_dp"]
-        if state["config"]["model"]["name"] != cfg.model.name:
-            raise ValueError(f"Checkpoint {str(resume)!r} is a {state['config']['model']['name']!r} run; this run asks "
-                             f"for model={cfg.model.name!r}. Resume with the same model.")
-        ledger.load_state_dict(state["ledger"])
-        log.info("Resuming from %s with %s", resume, ledger.summary())
+        cfg = resume_config(cfg, overrides=overrides, checkpoint=resume)
+        cfg.resume = str(resume)
+    out = Path(cfg.output_dir)
+    check_run(cfg, out)
+    rank = launch_rank()
+    ledger = make_ledger(cfg.privacy)
+    data_state, ckpt_path = None, None
+    if resume is not None:
+        state = resume_state(out, resume)
+        ledger.load_state_dict(state.ledger)
+        data_state, ckpt_path = state.data, state.checkpoint
+        log.info("Resuming from %s (ledger from %s): %s", ckpt_path or ".prefit.json", state.where, ledger.summary())
     elif rank > 0:  # another process of a DDP run: rank 0 released the pre-fit facts (lightning_dp/launch.py)
         handoff = wait_for_prefit(out)
         ledger.load_state_dict(handoff["ledger"])
-        state = {"data": handoff["data"]}
-    elif (out / "ledger.json").exists() and json.loads((out / "ledger.json").read_text()).get("releases"):
-        raise FileExistsError(f"{str(out)!r} already holds a run that spent privacy budget. Resume it with "
-                              "resume=last, or choose another output_dir=PATH.")
+        data_state = handoff["data"]
+    elif any((out / name).exists() for name in ("ledger.json", ".prefit.json", "checkpoints/last.ckpt")):
+        raise FileExistsError(f"{str(out)!r} already holds a run. Continue it with resume=last, or choose another "
+                              "output_dir=PATH.")
+    if rank == 0:  # the run's files appear with its first release: a run refused before it leaves nothing
+        config_yaml = OmegaConf.to_yaml(cfg, resolve=True)
+        written: list[bool] = []
+
+        def persist(led: PrivacyLedger) -> None:
+            if not written:
+                write_run_files(out, config_yaml=config_yaml)
+                written.append(True)
+            led.save_json(out / "ledger.json")
+
+        ledger.persist = persist
     pl.seed_everything(cfg.seed, workers=True)
     noise_seed = cfg.privacy.get("noise_seed")
     dm = PrivateDataModule(**cfg.data)
     allow = cfg.privacy.get("allow_large_delta", False)
-    dm.prepare(ledger, generator=mech.noise_generator(noise_seed), state=None if state is None else state["data"],
+    if rank == 0:  # each pre-training release is saved with its value before use (a kill loses nothing)
+        ledger.commit = lambda: publish_prefit(out, ledger=ledger.state_dict(), data=dm.state_dict(), complete=False)
+    dm.prepare(ledger, generator=mech.noise_generator(noise_seed), state=data_state,
                check_rows=lambda count: check_delta(ledger.delta, count, allow_large_delta=allow),
                count_budget_fraction=cfg.privacy.get("count_budget_fraction", 0.02))
-    if rank == 0 and resume is None:
-        publish_prefit(out, ledger=ledger.state_dict(), data=dm.state_dict())
+    ledger.commit = None
+    if rank == 0:
+        publish_prefit(out, ledger=ledger.state_dict(), data=dm.state_dict(), complete=True)
     model = build_model(cfg.model, dm.layout)
-    if resume is not None:
-        model.load_state_dict(ckpt["state_dict"])
+    check_space(out, checkpoint_bytes(model))
+    if rank == 0:
+        write_run_files(out, config_yaml=config_yaml)
     config = OmegaConf.to_container(cfg, resolve=True)
-    write_run_files(out, config_yaml=OmegaConf.to_yaml(cfg, resolve=True))
-    record = RunRecord(ledger=ledger, config=config, data_state=dm.state_dict(), output_dir=out)
-    mechanisms = [instantiate(m, ledger=ledger, datamodule=dm, **({"noise_seed": noise_seed} if noise_seed is not None else {}))
-                  for m in cfg.model.get("mechanisms", [])]
-    checkpointing = pl.callbacks.ModelCheckpoint(dirpath=out / "checkpoints", save_last=True, **cfg.callbacks.checkpoint)
+    checkpointing = cfg.get("callbacks", {}).get("checkpoint", {}) or {}
+    record = RunRecord(ledger=ledger, config=config, data_state=dm.state_dict(), output_dir=out,
+                       every_n_steps=checkpointing.get("every_n_steps", 100),
+                       every_n_minutes=checkpointing.get("every_n_minutes", 5.0))
+    mechanisms = build_mechanisms(cfg.model, ledger=ledger, datamodule=dm, noise_seed=noise_seed)
     logger = GuardedCSVLogger(str(out), name="logs", declared=lambda: declared_metrics(model))  # declared keys only
-    trainer = pl.Trainer(**cfg.trainer, default_root_dir=str(out), callbacks=[record, *mechanisms, checkpointing],
-                         plugins=[AtomicCheckpointIO()], logger=logger)
-    record.write_ledger()
-    fit_kwargs: dict[str, Any] = {"ckpt_path": str(resume) if resume else None, "weights_only": True}
+    trainer = pl.Trainer(**cfg.trainer, default_root_dir=str(out), callbacks=[record, *mechanisms],
+                         enable_checkpointing=False, plugins=[AtomicCheckpointIO()], logger=logger)
+    fit_kwargs: dict[str, Any] = {"ckpt_path": str(ckpt_path) if ckpt_path else None, "weights_only": True}
     if getattr(model, "uses_private_batches", False):
         fit_kwargs["datamodule"] = dm
     trainer.fit(model, **fit_kwargs)
-    if trainer.interrupted:
-        log.warning("Training was interrupted; resume with resume=last.")
     if ledger.spent > ledger.target_epsilon * (1 + 1e-9):  # the ledger refuses this; a last line of defence
         raise BudgetExceededError(f"ε = {ledger.spent} exceeds the target {ledger.target_epsilon}.")
-    trainer.save_checkpoint(record.last_path)
+    record.save(trainer)
     result: dict[str, Any] = {"output_dir": str(out), "checkpoint": str(record.last_path),
                               "ledger": str(record.ledger_path), "epsilon": ledger.spent, "delta": ledger.delta}
     if trainer.is_global_zero:

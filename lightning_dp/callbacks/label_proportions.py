@@ -51,11 +51,12 @@ class LabelProportions(Callback):
 
         sigma = PrivacyLedger(target_epsilon=self.epsilon_fraction * self.ledger.target_epsilon,
                               delta=self.ledger.delta).calibrate(planned)
-        self.ledger.record(planned(sigma)[0])
         seed = self.noise_seed if self.noise_seed is not None else secrets.randbits(62)
         seed = int(trainer.strategy.broadcast(seed, src=0)) if world > 1 else seed
-        noisy = mech.gaussian_noise(counts, sensitivity=sens, noise_multiplier=sigma,
-                                    generator=mech.noise_generator(seed)).clamp_min(0)
-        probs = noisy / noisy.sum() if noisy.sum() > 0 else torch.full_like(noisy, 1 / len(noisy))
-        pl_module.class_probs.copy_(probs.to(pl_module.class_probs))
-        log.info("Released class counts (σ = %.3g): proportions %s", sigma, [round(float(p), 3) for p in probs])
+        with self.ledger.durable():  # the checkpoint with the proportions and the ledger are saved before use
+            self.ledger.record(planned(sigma)[0])
+            noisy = mech.gaussian_noise(counts, sensitivity=sens, noise_multiplier=sigma,
+                                        generator=mech.noise_generator(seed)).clamp_min(0)
+            probs = noisy / noisy.sum() if noisy.sum() > 0 else torch.full_like(noisy, 1 / len(noisy))
+            pl_module.class_probs.copy_(probs.to(pl_module.class_probs))
+            log.info("Released class counts (σ = %.3g): proportions %s", sigma, [round(float(p), 3) for p in probs])

@@ -5,11 +5,13 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 from pathlib import Path
 from typing import Any
 
 import torch
 from pytorch_lightning import Callback, LightningModule, Trainer
+from pytorch_lightning.utilities.exceptions import SIGTERMException
 
 from lightning_dp.checkpoint import FORMAT_VERSION, versions
 from lightning_dp.io import atomic_write_text
@@ -20,19 +22,32 @@ log = logging.getLogger(__name__)
 
 
 class RunRecord(Callback):
-    """Carries the ledger and the run's public facts in every checkpoint and beside it.
+    """Carries the ledger and the run's public facts in every checkpoint, and checkpoints the run.
 
-    * ``state_dict`` / ``load_state_dict``: the ledger, so a resumed run continues its ε;
-    * ``on_save_checkpoint``: adds the ``lightning_dp`` record and rewrites ``ledger.json``;
-    * logs ``privacy/epsilon`` and ``privacy/epsilon_remaining``;
-    * saves ``last.ckpt`` right after the first releases, so an interrupted run can resume without
-      releasing anything twice.
+    * ``on_save_checkpoint``: adds the ``lightning_dp`` record (config, data state, ledger, versions), the
+      one copy of the ledger in a checkpoint, and rewrites ``ledger.json`` after it;
+    * makes the ledger's :meth:`~PrivacyLedger.durable` blocks commit by writing ``last.ckpt``, so a
+      one-shot release is on disk with its value before it is used;
+    * writes ``last.ckpt`` (atomically, one file) when training starts, every ``every_n_steps`` steps or
+      ``every_n_minutes`` minutes, and on SIGTERM or Ctrl-C, so a kill loses at most that interval;
+    * logs ``privacy/epsilon`` and ``privacy/epsilon_remaining``.
+
+    Args:
+        every_n_steps: checkpoint every this many training steps (0: off).
+        every_n_minutes: and at least this often (0: off).
     """
 
+    public_metrics = {"privacy/epsilon": "the ledger's spend (a function of the releases' public parameters)",
+                      "privacy/epsilon_remaining": "target minus spend"}
+
     def __init__(self, *, ledger: PrivacyLedger, config: dict[str, Any], data_state: dict[str, Any],
-                 output_dir: str | os.PathLike) -> None:
+                 output_dir: str | os.PathLike, every_n_steps: int = 100, every_n_minutes: float = 5.0) -> None:
+        if every_n_steps < 0 or every_n_minutes < 0:
+            raise ValueError("callbacks.checkpoint.every_n_steps and every_n_minutes must be >= 0 (0 turns one off).")
         self.ledger, self.config, self.data_state = ledger, config, data_state
         self.output_dir = Path(output_dir)
+        self.every_n_steps, self.every_n_minutes = int(every_n_steps), float(every_n_minutes)
+        self._last_save = time.monotonic()
 
     @property
     def ledger_path(self) -> Path:
@@ -46,33 +61,48 @@ class RunRecord(Callback):
         return {"format_version": FORMAT_VERSION, "config": self.config, "data": self.data_state,
                 "ledger": self.ledger.state_dict(), "versions": versions()}
 
-    public_metrics = {"privacy/epsilon": "the ledger's spend (a function of the releases' public parameters)",
-                      "privacy/epsilon_remaining": "target minus spend"}
-
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         declare_metrics(pl_module, self.public_metrics)
+        self.ledger.commit = lambda: self.save(trainer)
 
-    def state_dict(self) -> dict[str, Any]:
-        return {"ledger": self.ledger.state_dict()}
+    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        self.ledger.commit = None
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.ledger.load_state_dict(state_dict["ledger"])
+        """Nothing: the run restores its ledger from the most advanced record on disk (``train.py``), never
+        from a callback state, which older checkpoints kept as a second copy."""
 
     def write_ledger(self, trainer: Trainer | None = None) -> None:
         if trainer is None or trainer.is_global_zero:
             self.ledger.save_json(self.ledger_path)
 
+    def save(self, trainer: Trainer) -> None:
+        """Write ``last.ckpt`` now (atomically; then ``ledger.json``)."""
+        trainer.save_checkpoint(self.last_path)
+        self._last_save = time.monotonic()
+
     def on_save_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
         checkpoint["lightning_dp"] = self.record()
-        self.write_ledger(trainer)
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if not self.last_path.exists():
+            self.save(trainer)  # a resumable state before the first step (DP-SGD's σ is in it)
         self.write_ledger(trainer)
-        if self.ledger.spent > 0 and not self.last_path.exists():
-            trainer.save_checkpoint(self.last_path)
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, *args: Any) -> None:
         self._log(pl_module)
+        due_steps = self.every_n_steps and trainer.global_step % self.every_n_steps == 0
+        due_time = self.every_n_minutes and time.monotonic() - self._last_save >= 60 * self.every_n_minutes
+        if due_steps or due_time:
+            self.save(trainer)
+
+    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        """SIGTERM (Lightning raises at a batch boundary) or Ctrl-C: save, so the run resumes where it stopped."""
+        if isinstance(exception, SIGTERMException | KeyboardInterrupt):
+            self.save(trainer)
+            log.warning("Stopped by %s at step %d; saved %s. Continue with resume=last.",
+                        "SIGTERM" if isinstance(exception, SIGTERMException) else "Ctrl-C", trainer.global_step,
+                        self.last_path)
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self.write_ledger(trainer)

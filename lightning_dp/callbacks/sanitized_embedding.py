@@ -93,8 +93,12 @@ class SanitizedEmbedding(Callback):
             log.info("%s was released before this resume; it is not released again.", name)
             return
         if self.ledger.has(name):
-            raise RuntimeError(f"The ledger lists {name!r} as released but the model has no embedding: resume from "
-                               "the checkpoint written after the release, or start a new run.")
+            raise RuntimeError(f"The ledger lists {name!r} as released but this checkpoint has no embedding: it is "
+                               "older than the release. Resume from the run's checkpoints/last.ckpt, or start a new run.")
+        with self.ledger.durable():  # the checkpoint with the noisy values and the ledger are saved before use
+            self._release(trainer, pl_module, name)
+
+    def _release(self, trainer: Trainer, pl_module: LightningModule, name: str) -> None:
         rank, world = trainer.global_rank, trainer.world_size
         gen = mech.noise_generator(self._shared_seed(trainer))
         device = pl_module.device

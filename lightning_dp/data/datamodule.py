@@ -85,11 +85,14 @@ class PrivateDataModule(LightningDataModule):
 
         Order: everything that can fail on the user's input (files, schema, validation) runs before the
         first release; then the row count (``dp_count.py``), then ``check_rows``, then the schema release.
+        Each release is one :meth:`PrivacyLedger.durable` block: with the ledger's ``commit`` set (``train``
+        saves the data state and the ledger to ``.prefit.json``), the count and the schema are on disk
+        before ``check_rows`` or anything else sees them.
 
         Args:
             ledger: the run's ledger.
             generator: noise generator for the DP releases.
-            state: a saved ``state_dict`` (resume): its count and schema are reused and nothing is released.
+            state: a saved ``state_dict`` (resume): the count and schema it holds are reused, not released again.
             check_rows: called with the run's row count (DP or public) before anything else is released
                 (e.g. the δ < 1/n check).
             count_budget_fraction: Rényi-DP share of the DP row count.
@@ -113,15 +116,17 @@ class PrivateDataModule(LightningDataModule):
         elif private_use:
             self.row_count = RowCount(value=float(len(train)), source="exact (private use)")
         else:
-            self.row_count = release_row_count(len(train), ledger, budget_fraction=count_budget_fraction,
-                                               generator=generator, public_num_rows=self.public_num_rows)
+            with ledger.durable():
+                self.row_count = release_row_count(len(train), ledger, budget_fraction=count_budget_fraction,
+                                                   generator=generator, public_num_rows=self.public_num_rows)
         train = self._subsample(train, train if isinstance(train, pd.DataFrame) else image_rows[train])
         if check_rows is not None:
             check_rows(self.row_count)
         if isinstance(source, ImageSource):
             self._encode_images(source, train, holdout)
         else:
-            self._encode_tabular(source, train, holdout, ledger, generator, state)
+            with ledger.durable():
+                self._encode_tabular(source, train, holdout, ledger, generator, state)
         log.info("Data %r: %s; model-space width %d.", self.name, self.row_count.describe(), self.x.shape[1])
 
     def _split_tabular(self, source: TabularSource) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -161,7 +166,7 @@ class PrivateDataModule(LightningDataModule):
                         generator: torch.Generator, state: dict[str, Any] | None) -> None:
         self.kind = "tabular"
         schema = source.schema
-        if state is not None:
+        if state is not None and "schema" in state:
             schema = Schema.from_dict(state["schema"])
         elif needs_release(schema):
             schema = release_schema(train, schema, ledger, generator=generator, num_rows=self.row_count.value,

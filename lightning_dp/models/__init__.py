@@ -1,11 +1,25 @@
-"""Generators by name. Each name has a config in ``configs/model/``; modules live one per file."""
+"""Generators by name. Each name has a config in ``configs/model/``; modules live one per file.
+
+A model config (the ``model`` group from Hydra, or its copy saved in a checkpoint) is built only through
+:func:`lightning_dp.registry.build`: registered classes, plain-data parameters, and the runtime objects
+(networks, layout, ledger, data module) passed in by the caller.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
-from hydra.utils import get_class, instantiate
-from omegaconf import DictConfig, OmegaConf
+from lightning_dp.registry import (
+    NETWORKS,
+    UnsafeConfigError,
+    build,
+    check_node,
+    check_plain,
+    parameters,
+    resolve,
+    to_plain,
+)
 
 MODELS = {
     "dp_merf": "lightning_dp.models.dp_merf.DPMERF",
@@ -13,27 +27,98 @@ MODELS = {
     "dp_gan": "lightning_dp.models.dp_gan.DPGAN",
     "dp_cgan": "lightning_dp.models.dp_gan.DPGAN",
 }
-NETWORKS = ("generator", "discriminator", "critic", "encoder", "decoder")
+__all__ = ["MODELS", "NETWORKS", "build_mechanisms", "build_model", "check_model_config"]
 
 
-def build_model(model_cfg: DictConfig | dict[str, Any], layout: dict[str, Any]) -> Any:
-    """Build the generator module of ``model_cfg`` for a data layout (public facts only).
+def check_model_config(model_cfg: Any, *, where: str = "model") -> dict[str, Any]:
+    """Validate a whole model config without building anything; return it as a plain dict.
 
-    Networks (``generator``, ``discriminator``, ... entries with a ``_target_``) are built first, each
-    with the layout (adapted by the module class's ``net_layout`` when it has one), and passed into
-    the module, which gets its hyperparameters from ``model_cfg.module``.
+    ``module``, each network present (``generator``, ``discriminator``, ...) and each entry of ``mechanisms``
+    must name a registered class of that kind with parameters the class takes; every other value is plain
+    data without ``_target_`` (or any ``_``-key). Only the registered classes' modules are imported.
+
+    Args:
+        model_cfg: an OmegaConf ``DictConfig`` (the user's config) or a plain dict (a checkpoint's).
+        where: the config path of ``model_cfg``, for messages (``config.model`` in a checkpoint record).
 
     Raises:
+        UnsafeConfigError: the first violation, named by its config path (``model.generator._target_``).
+    """
+    cfg = to_plain(model_cfg)
+    if not isinstance(cfg, Mapping):
+        raise UnsafeConfigError(f"{where} is a {type(cfg).__name__}; it must be a mapping with module, networks "
+                                "and mechanisms.")
+    cfg = dict(cfg)
+    if "module" not in cfg:
+        raise UnsafeConfigError(f"{where} has no module; it needs module._target_ (a registered module).")
+    networks = {key for key in NETWORKS if cfg.get(key) is not None}  # passed to the module by build_model
+    for key, value in cfg.items():
+        if key == "module":
+            check_node(value, expected="module", where=f"{where}.module", runtime=networks)
+        elif key in NETWORKS:
+            if value is not None:
+                check_node(value, expected="network", where=f"{where}.{key}")
+        elif key == "mechanisms":
+            if value is None:
+                continue
+            if type(value) not in (list, tuple):
+                raise UnsafeConfigError(f"{where}.mechanisms is a {type(value).__name__}; it must be a list of "
+                                        "mechanism nodes.")
+            for i, node in enumerate(value):
+                check_node(node, expected="mechanism", where=f"{where}.mechanisms[{i}]")
+        else:
+            check_plain({key: value}, where)
+    return cfg
+
+
+def build_model(model_cfg: Any, layout: dict[str, Any]) -> Any:
+    """Build the generator module of ``model_cfg`` for a data layout (public facts only).
+
+    The whole config is validated first (:func:`check_model_config`), the same way for the user's Hydra
+    config and a checkpoint's saved dict. Networks (``generator``, ``discriminator``, ...) are then built,
+    each with the layout (adapted by the module class's ``net_layout`` when it has one), and passed into
+    the module, which gets its hyperparameters from ``model_cfg.module`` and the layout.
+
+    Raises:
+        UnsafeConfigError: a class that is not registered for its position, or a value that is not plain data.
         ValueError: an unknown model name (the message lists the valid ones).
     """
-    cfg = OmegaConf.create(model_cfg) if isinstance(model_cfg, dict) else model_cfg
+    cfg = check_model_config(model_cfg)
     if cfg.get("name") not in MODELS:
         raise ValueError(f"Unknown model {cfg.get('name')!r}; valid: {', '.join(MODELS)}. Pick one with model=NAME.")
-    module_cls = get_class(cfg.module._target_)
-    net_layout = module_cls.net_layout(layout, cfg.module) if hasattr(module_cls, "net_layout") else layout
+    module_cls = resolve(cfg["module"]["_target_"], expected="module", where="model.module")
+    net_layout = module_cls.net_layout(layout, cfg["module"]) if hasattr(module_cls, "net_layout") else layout
     nets = {}
     for key in NETWORKS:
-        if key in cfg and cfg[key] is not None and "_target_" in cfg[key]:
-            extra = {k: v for k, v in net_layout.items() if k not in cfg[key]}
-            nets[key] = instantiate(cfg[key], _convert_="all", **extra)
-    return instantiate(cfg.module, _convert_="all", **nets, **layout)
+        node = cfg.get(key)
+        if node is not None:
+            extra = {k: v for k, v in net_layout.items() if k not in node}  # the config may override the layout
+            nets[key] = build(node, expected="network", where=f"model.{key}", **extra)
+    return build(cfg["module"], expected="module", where="model.module", **nets, **layout)
+
+
+def build_mechanisms(model_cfg: Any, *, ledger: Any, datamodule: Any, noise_seed: int | None = None) -> list[Any]:
+    """The mechanism callbacks of ``model_cfg.mechanisms``, in order, built with the run's objects.
+
+    Args:
+        model_cfg: the model config (``DictConfig`` or plain dict), validated whole first.
+        ledger: the run's ``PrivacyLedger``.
+        datamodule: the run's prepared data module.
+        noise_seed: fixed privacy noise (tests only); passed only to mechanisms whose ``__init__`` takes it.
+
+    Returns:
+        The ``pytorch_lightning.Callback`` instances (an empty list when there are none).
+
+    Raises:
+        UnsafeConfigError: as :func:`build_model`.
+    """
+    cfg = check_model_config(model_cfg)
+    out = []
+    for i, node in enumerate(cfg.get("mechanisms") or []):
+        where = f"model.mechanisms[{i}]"
+        runtime: dict[str, Any] = {"ledger": ledger, "datamodule": datamodule}
+        cls, _ = check_node(node, expected="mechanism", where=where)
+        if noise_seed is not None and "noise_seed" in parameters(cls)[0]:
+            runtime["noise_seed"] = noise_seed
+        out.append(build(node, expected="mechanism", where=where, **runtime))
+    return out

@@ -9,12 +9,14 @@ so a resumed run continues from the ε it had spent.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import functools
 import json
 import logging
 import math
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Any
@@ -34,6 +36,10 @@ PRV_MAX_POINTS = 2**20  # cap on Opacus' PRV grid (see PrivacyLedger._prv_epsilo
 
 class BudgetExceededError(RuntimeError):
     """A release would take the run's spent ε above its target."""
+
+
+class ReleaseNotSavedError(RuntimeError):
+    """The ledger (or the released value) could not be written to disk, so the release was refused."""
 
 
 def _now() -> str:
@@ -173,6 +179,11 @@ class PrivacyLedger:
         self.adjacency = adjacency
         self.orders = tuple(float(a) for a in orders)
         self.releases: list[Release] = []
+        # durability (``durable`` and ``record``): ``persist(ledger)`` writes the ledger itself (ledger.json),
+        # ``commit()`` saves the released values a resumed run needs together with the ledger (a checkpoint)
+        self.persist: Callable[[PrivacyLedger], None] | None = None
+        self.commit: Callable[[], None] | None = None
+        self._open_blocks = 0
 
     # ------------------------------------------------------------------ accounting
     def epsilon(self, releases: Sequence[Release] | None = None) -> float:
@@ -270,10 +281,13 @@ class PrivacyLedger:
     def record(self, release: Release) -> float:
         """Record ``release`` and return the new ε; refuses it when ε would exceed the target.
 
-        Call this *before* the noisy value leaves the mechanism.
+        Call this *before* the noisy value leaves the mechanism. Outside a :meth:`durable` block the
+        ledger is persisted (``persist``) before this returns, so the ledger on disk is never behind a
+        release whose noise is then used (DP-SGD's steps); inside a block, at the block's end.
 
         Raises:
             BudgetExceededError: the release would take ε above ``target_epsilon``.
+            ReleaseNotSavedError: the ledger could not be written; the release is not recorded.
         """
         merged = self._merged([release])
         eps = self.epsilon(merged)
@@ -285,8 +299,61 @@ class PrivacyLedger:
                 "increase the noise, plan fewer steps, or start a new run with a larger privacy.epsilon "
                 "(a resumed run keeps the ε it has spent)."
             )
-        self.releases = merged
+        before, self.releases = self.releases, merged
+        if not self._open_blocks:
+            try:
+                self._persist()
+            except BaseException:
+                self.releases = before
+                raise
         return eps
+
+    def _persist(self) -> None:
+        if self.persist is None:
+            return
+        try:
+            self.persist(self)
+        except OSError as err:
+            raise ReleaseNotSavedError(
+                f"The privacy ledger could not be written ({err}); the release was refused and nothing was "
+                "released. Free disk space or fix the output folder's permissions, then resume with resume=last."
+            ) from err
+
+    @contextlib.contextmanager
+    def durable(self) -> Iterator[None]:
+        """A block of releases that become durable together before anything computed from them leaves.
+
+        Inside, ``record`` only checks and records in memory, and log records are held back. At the end,
+        ``commit()`` saves the released values with the ledger (e.g. a checkpoint of the module that now
+        holds a noisy embedding), then ``persist`` writes the ledger, then the held logs are replayed. If
+        anything fails, the block's releases are removed again and its logs dropped: the noisy values
+        existed only in memory, so nothing was released, and a later run may draw them again.
+
+        Raises:
+            ReleaseNotSavedError: the values or the ledger could not be written.
+        """
+        from lightning_dp.privacy.durable import held_logs
+
+        snapshot = list(self.releases)
+        self._open_blocks += 1
+        try:
+            with held_logs():
+                try:
+                    yield
+                finally:
+                    self._open_blocks -= 1
+                if self._open_blocks == 0 and self.releases != snapshot:
+                    try:
+                        if self.commit is not None:
+                            self.commit()
+                    except OSError as err:
+                        raise ReleaseNotSavedError(
+                            f"The released values could not be saved ({err}); nothing was released. Free disk "
+                            "space or fix the output folder's permissions, then resume with resume=last.") from err
+                    self._persist()
+        except BaseException:
+            self.releases = snapshot
+            raise
 
     def calibrate(
         self,
@@ -363,6 +430,33 @@ class PrivacyLedger:
         self.orders = tuple(state["orders"])
         self.releases = [Release(**r) for r in state["releases"]]
 
+    @staticmethod
+    def most_advanced(states: Sequence[tuple[str, dict[str, Any]]]) -> tuple[str, dict[str, Any]]:
+        """Of several records of one run's ledger (``(where, state)``), the one that shows the most releases.
+
+        A resumed run must never go back to a record that shows less spend. The records must tell one story:
+        each must be a prefix of the most advanced (the same releases, counts no larger).
+
+        Raises:
+            ValueError: the records disagree (a release, its parameters or the run's target differ): the
+                run's files were changed by hand or belong to different runs.
+        """
+        def total(state: dict[str, Any]) -> int:
+            return sum(int(r["count"]) for r in state["releases"])
+
+        where, best = max(states, key=lambda ws: total(ws[1]))
+        keys = ("name", "mechanism", "sensitivity", "noise_multiplier", "epsilon", "sample_rate", "delta")
+        for other_where, state in states:
+            same_run = all(state[k] == best[k] for k in ("target_epsilon", "delta", "accountant", "adjacency"))
+            covered = same_run and all(
+                any(all(r[k] == b[k] for k in keys) and int(r["count"]) <= int(b["count"]) for b in best["releases"])
+                for r in state["releases"])
+            if not covered:
+                raise ValueError(f"The ledger in {other_where} and the one in {where} do not describe the same run "
+                                 "(a release or the target differs). The run's files were changed or mixed up: "
+                                 "it cannot be resumed safely; start a new run.")
+        return where, best
+
     @classmethod
     def from_state_dict(cls, state: dict[str, Any]) -> PrivacyLedger:
         """A ledger rebuilt from :meth:`state_dict`."""
@@ -395,8 +489,17 @@ class PrivacyLedger:
             "accountant": self.accountant,
             "adjacency": self.adjacency,
             "delta_of_releases": sum(r.delta for r in self.releases),
+            "orders": list(self.orders),
             "releases": rows,
         }
+
+    @staticmethod
+    def state_from_json(d: dict[str, Any]) -> dict[str, Any]:
+        """The ``state_dict`` inside a :meth:`to_dict` view (``ledger.json``)."""
+        fields = {f.name for f in dataclasses.fields(Release)}
+        return {**{k: d[k] for k in ("target_epsilon", "delta", "accountant", "adjacency")},
+                "orders": list(d.get("orders", mech.DEFAULT_ORDERS)),
+                "releases": [{k: v for k, v in r.items() if k in fields} for r in d["releases"]]}
 
     def save_json(self, path: str) -> None:
         """Write :meth:`to_dict` to ``path`` atomically."""

@@ -136,7 +136,7 @@ def test_interrupted_run_resumes_from_the_checkpoint_written_after_the_release(t
     [
         ("privacy.epsilon=0", ValueError, "privacy.epsilon must be"),
         ("privacy.epsilon=-1", ValueError, "privacy.epsilon must be"),
-        ("privacy.delta=1", ValueError, "privacy.delta must be in"),
+        ("privacy.delta=1", ValueError, "privacy.delta must be"),
         ("privacy.delta=0.01", ValueError, "not below 1/n"),
         ("model.name=gan9000", ValueError, "Unknown model 'gan9000'; valid: dp_merf"),
         ("data.name=nope", ValueError, "Unknown data set 'nope'"),
