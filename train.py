@@ -6,12 +6,27 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from lightning_dp.train import train
+EXIT_SIGTERM = 143  # 128 + SIGTERM: stopped, checkpoint saved, resume with resume=last
 
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="train")
 def main(cfg: DictConfig) -> None:
-    result = train(cfg)
+    # heavy imports after Hydra has parsed the command line (so --help is quick)
+    from hydra.core.hydra_config import HydraConfig
+    from pytorch_lightning.utilities.exceptions import SIGTERMException
+
+    from lightning_dp.errors import EXIT_USER_ERROR, UserError
+    from lightning_dp.train import train
+
+    try:
+        result = train(cfg, overrides=list(HydraConfig.get().overrides.task))
+    except UserError as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(EXIT_USER_ERROR)
+    except SIGTERMException:
+        print(f"stopped by SIGTERM; the run was saved. Continue it with: python train.py output_dir={cfg.output_dir} "
+              "resume=last", file=sys.stderr)
+        sys.exit(EXIT_SIGTERM)
     if result.get("synthetic"):
         print(f"\nPrivacy spent: ε = {result['epsilon']:.4f} (target {cfg.privacy.epsilon}), δ = {result['delta']:g}")
         print(f"  checkpoint : {result['checkpoint']}")

@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
     from audits.report import run_audit
-    from lightning_dp.checkpoint import CheckpointError
+    from lightning_dp.errors import UserError
 
     try:
         report, paths = run_audit(
@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
             data_root=args.data_root,
             label=args.label,
         )
-    except (ValueError, CheckpointError, FileNotFoundError) as err:  # PolicyError, InputError, DataError too
+    except (UserError, ValueError, FileNotFoundError) as err:  # PolicyError, InputError, DataError, CheckpointError
         print(f"error: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except Exception:  # noqa: BLE001 - report the bug, distinctly from a failed policy

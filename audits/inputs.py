@@ -26,6 +26,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from lightning_dp.errors import UserError
+
 log = logging.getLogger(__name__)
 
 TABLE_SUFFIXES = (".csv", ".parquet", ".pq")
@@ -33,7 +35,7 @@ DEFAULT_MISSING = ("", "?", "NA", "N/A", "NaN", "nan", "null")
 MIN_HOLDOUT = 4  # half become non-member candidates, the other half the reference set
 
 
-class InputError(ValueError):
+class InputError(UserError, ValueError):
     """The synthetic data, REAL or HOLDOUT cannot be audited; the message says which and why."""
 
 

@@ -15,6 +15,8 @@ from typing import Any
 
 import yaml
 
+from lightning_dp.errors import UserError
+
 # Every check, with each option's default. Options named ``max_*`` / ``min_*`` are thresholds: a check
 # gates the policy on those that are set (not null); a check with none set is informational.
 CHECKS: dict[str, dict[str, Any]] = {
@@ -63,7 +65,7 @@ SETTINGS: dict[str, Any] = {"seed": 0, "max_candidates": 1000}
 REPORT_ATTACKS = ("dcr", "dcr_ratio", "domias")
 
 
-class PolicyError(ValueError):
+class PolicyError(UserError, ValueError):
     """A policy names an unknown check, option or attack, or has a malformed value."""
 
 

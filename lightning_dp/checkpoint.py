@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from lightning_fabric.plugins.io.torch_io import TorchCheckpointIO
 
+from lightning_dp.errors import UserError
 from lightning_dp.io import atomic_write
 
 log = logging.getLogger(__name__)
@@ -28,7 +29,7 @@ PACKAGES = ("lightning-dp", "torch", "pytorch-lightning", "opacus", "torchmetric
             "scikit-learn", "scipy", "omegaconf", "hydra-core")
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(UserError, RuntimeError):
     """A checkpoint is missing, corrupt, or not a lightning-dp checkpoint."""
 
 

@@ -17,12 +17,13 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from lightning_dp.data.sources import LOADERS
+from lightning_dp.errors import UserError
 from lightning_dp.models import MODELS, check_model_config
 
 MIN_FREE_BYTES = 64 * 2**20  # ledger, config, logs and the pre-training record
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """A setting is out of range; the message names it and a valid value."""
 
 

@@ -22,6 +22,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 
 from lightning_dp.checkpoint import CheckpointError, load_checkpoint, validate_record
+from lightning_dp.errors import UserError
 from lightning_dp.launch import read_prefit
 from lightning_dp.privacy.ledger import PrivacyLedger
 
@@ -36,7 +37,7 @@ RESUMABLE = ("trainer.max_epochs", "trainer.max_steps", "trainer.enable_progress
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
 
-class ResumeError(ValueError):
+class ResumeError(UserError, ValueError):
     """The run cannot be resumed as asked; the message says why and what to do."""
 
 

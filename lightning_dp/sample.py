@@ -12,8 +12,8 @@ import logging
 import sys
 from pathlib import Path
 
-from lightning_dp.checkpoint import CheckpointError, LoadedRun, UnsafeConfigError, load_run
-from lightning_dp.data.schema import DataError
+from lightning_dp.checkpoint import LoadedRun, load_run
+from lightning_dp.errors import EXIT_USER_ERROR, UserError
 from lightning_dp.train import write_samples
 
 SUFFIXES = {"tabular": (".csv", ".parquet", ".pq"), "image": (".npz",)}
@@ -58,9 +58,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING)
     try:
         path = sample_checkpoint(args.checkpoint, args.num_rows, args.out, seed=args.seed)
-    except (UnsafeConfigError, CheckpointError, DataError, ValueError) as err:  # bad input: the message says why
+    except (UserError, ValueError) as err:  # bad input (CheckpointError, UnsafeConfigError, DataError): says why
         print(f"error: {err}", file=sys.stderr)
-        return 2
+        return EXIT_USER_ERROR
     print(f"wrote {args.num_rows} rows to {path}")
     return 0
 

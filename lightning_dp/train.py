@@ -18,6 +18,7 @@ from lightning_dp.callbacks.run_record import RunRecord, write_run_files
 from lightning_dp.checkpoint import AtomicCheckpointIO
 from lightning_dp.data.datamodule import PrivateDataModule, write_table
 from lightning_dp.data.dp_count import RowCount
+from lightning_dp.errors import RunExistsError
 from lightning_dp.launch import launch_rank, publish_prefit, wait_for_prefit
 from lightning_dp.models import build_mechanisms, build_model
 from lightning_dp.preflight import check_run, check_space, checkpoint_bytes
@@ -103,7 +104,7 @@ def train(cfg: DictConfig, *, overrides: Sequence[str] | None = None) -> dict[st
         ledger.load_state_dict(handoff["ledger"])
         data_state = handoff["data"]
     elif any((out / name).exists() for name in ("ledger.json", ".prefit.json", "checkpoints/last.ckpt")):
-        raise FileExistsError(f"{str(out)!r} already holds a run. Continue it with resume=last, or choose another "
+        raise RunExistsError(f"{str(out)!r} already holds a run. Continue it with resume=last, or choose another "
                               "output_dir=PATH.")
     if rank == 0:  # the run's files appear with its first release: a run refused before it leaves nothing
         config_yaml = OmegaConf.to_yaml(cfg, resolve=True)

@@ -110,7 +110,11 @@ class DPSGD(Callback):
             self.noise_multiplier = self.ledger.calibrate(
                 lambda s: [Release(name=self.name, mechanism="subsampled_gaussian", sensitivity=self.max_grad_norm,
                                    noise_multiplier=s, sample_rate=self.sample_rate, count=remaining)])
-        if self.ledger.epsilon_if([self._release(1)]) > self.ledger.target_epsilon:
+        if self.ledger.epsilon_if([self._release(1)]) > self.ledger.target_epsilon and self.steps_done:
+            log.info("DP-SGD: the budget was spent by the %d steps before this resume; training is complete (%s).",
+                     self.steps_done, self.ledger.summary())
+            trainer.should_stop = True
+        elif self.ledger.epsilon_if([self._release(1)]) > self.ledger.target_epsilon:
             raise BudgetExceededError(
                 f"Not one DP-SGD step fits in the budget: with noise multiplier {self.noise_multiplier:g} and sample rate "
                 f"{self.sample_rate:.3g}, one step takes ε to {self.ledger.epsilon_if([self._release(1)]):.3g} > "

@@ -27,12 +27,14 @@ import numpy as np
 import pandas as pd
 import yaml
 
+from lightning_dp.errors import UserError
+
 log = logging.getLogger(__name__)
 
 KINDS = ("continuous", "categorical")
 
 
-class DataError(ValueError):
+class DataError(UserError, ValueError):
     """The data does not match its schema; the message says where and how to fix it."""
 
 

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from lightning_dp.errors import UserError
 from lightning_dp.io import atomic_write_text
 from lightning_dp.privacy import mechanisms as mech
 
@@ -34,11 +35,11 @@ ACCOUNTANTS = ("rdp", "prv")
 PRV_MAX_POINTS = 2**20  # cap on Opacus' PRV grid (see PrivacyLedger._prv_epsilon)
 
 
-class BudgetExceededError(RuntimeError):
+class BudgetExceededError(UserError, RuntimeError):
     """A release would take the run's spent ε above its target."""
 
 
-class ReleaseNotSavedError(RuntimeError):
+class ReleaseNotSavedError(UserError, RuntimeError):
     """The ledger (or the released value) could not be written to disk, so the release was refused."""
 
 

@@ -1,0 +1,20 @@
+"""One error type for the user's mistakes, so that entry points can tell them from bugs.
+
+A :class:`UserError` is a problem with what the user gave (a setting, a data file, a schema, a run
+folder, a checkpoint) or with the machine (a full disk, a folder it cannot write): its message names
+the problem and the fix in one or two lines, and ``train.py``, ``python -m lightning_dp.sample`` and
+``python -m audits`` print it and exit with code 2, without a traceback. Anything else is a bug and
+keeps its traceback.
+"""
+
+from __future__ import annotations
+
+EXIT_USER_ERROR = 2
+
+
+class UserError(Exception):
+    """A mistake in the user's input or environment; the message says what to change."""
+
+
+class RunExistsError(UserError, FileExistsError):
+    """The output folder already holds a run (continue it with resume=last, or choose another folder)."""
