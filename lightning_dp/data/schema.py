@@ -18,6 +18,7 @@ ledger (see ``dp_preprocessing.py``). ``missing: true`` means missing values are
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -62,9 +63,15 @@ class Column:
         if self.type not in KINDS:
             raise DataError(f"Column {self.name!r}: unknown type {self.type!r}; use one of {', '.join(KINDS)}.")
         if self.bounds is not None:
-            if len(self.bounds) != 2 or not float(self.bounds[0]) < float(self.bounds[1]):
-                raise DataError(f"Column {self.name!r}: bounds must be [lower, upper] with lower < upper.")
-            self.bounds = [float(self.bounds[0]), float(self.bounds[1])]
+            try:
+                lo, hi = (float(b) for b in self.bounds)
+            except (TypeError, ValueError):
+                raise DataError(f"Column {self.name!r}: bounds must be two numbers [lower, upper], got "
+                                f"{self.bounds!r}.") from None
+            if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
+                raise DataError(f"Column {self.name!r}: bounds must be finite with lower < upper, got {self.bounds!r}. "
+                                "Give the public range, or leave bounds out to release them with DP.")
+            self.bounds = [lo, hi]
         if self.categories is not None:
             self.categories = [str(c) for c in self.categories]
             if len(set(self.categories)) != len(self.categories):

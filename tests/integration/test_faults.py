@@ -138,7 +138,10 @@ def _fork(fn) -> int:
         try:
             torch.set_num_threads(1)
             fn()
-        except BaseException:  # noqa: BLE001 - the exit code tells the parent
+        except BaseException:  # noqa: BLE001 - the exit code tells the parent; the traceback the reader
+            import traceback
+
+            traceback.print_exc()
             code = 1
         os._exit(code)
     return pid
