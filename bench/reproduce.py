@@ -599,7 +599,7 @@ def render(table: Table, runner: Runner, seeds: list[int], *, command: str, seco
     lines.append(
         "Runs: "
         + "; ".join(
-            f"{r.label}: `experiment={r.experiment}"
+            f"{r.label}: `" + (f"experiment={r.experiment}" if r.experiment else "the default config")
             + "".join(f" {o}" for o in r.overrides)
             + "".join(f" {o}" for o in runner.extra)
             + "`"

@@ -154,7 +154,8 @@ def test_registry_tables_compose_and_name_their_paper_rows():
     for table in tables.values():
         for run in table.runs:
             assert run.paper in table.paper, (table.name, run.label)
-            cfg = rp.compose_cfg([f"experiment={run.experiment}", *run.overrides])
+            base = [f"experiment={run.experiment}"] if run.experiment else []  # None: the default run
+            cfg = rp.compose_cfg([*base, *run.overrides])
             eps = np.atleast_1d(table.privacy[0])
             assert cfg.privacy.epsilon in eps and cfg.privacy.delta == table.privacy[1], (
                 table.name,

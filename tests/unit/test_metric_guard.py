@@ -5,7 +5,12 @@ import pytest
 import torch
 
 from lightning_dp.models.base import GeneratorModule
-from lightning_dp.privacy.metrics import GuardedCSVLogger, UndeclaredMetricError, declare_metrics, declared_metrics
+from lightning_dp.privacy.metrics import (
+    GuardedCSVLogger,
+    UndeclaredMetricError,
+    declare_metrics,
+    declared_metrics,
+)
 from tests.conftest import make_cfg
 
 

@@ -5,7 +5,6 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
-import torch
 
 from lightning_dp.data.dp_count import RELEASE_NAME, RowCount, release_row_count
 from lightning_dp.data.schema import DataError
