@@ -1,12 +1,59 @@
 """Train a differentially private generator: ``python train.py [key=value ...]`` (Hydra overrides)."""
 
 import logging
+import os
 import sys
+from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig
 
 EXIT_SIGTERM = 143  # 128 + SIGTERM: stopped, checkpoint saved, resume with resume=last
+EXIT_USER_ERROR = 2
+
+
+def _check_output_dir(argv: list[str]) -> None:
+    """Hydra creates ``output_dir`` before ``main`` runs: an unwritable one gets our message, not its traceback."""
+    given = [a.split("=", 1)[1] for a in argv if a.startswith("output_dir=")]
+    if not given:
+        return
+    folder = Path(given[-1]).expanduser()
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if not (folder.is_dir() and os.access(folder, os.W_OK | os.X_OK)) or _read_only(folder):
+        print(f"error: output_dir={given[-1]} cannot be written ({folder} is read-only or not a folder). Choose "
+              "another output_dir=PATH; nothing was spent.", file=sys.stderr)
+        sys.exit(EXIT_USER_ERROR)
+
+
+def _read_only(folder: Path) -> bool:
+    return bool(os.statvfs(folder).f_flag & os.ST_RDONLY)
+
+
+def run(cfg: DictConfig, overrides: list[str] | None = None) -> tuple[dict, int]:
+    """Train, then (with ``audit=...``) audit the run; the exit code: 0, or the audit's 1 (fail) / 4 (inconclusive).
+
+    Composing the two here keeps ``lightning_dp`` free of ``audits``. The audit's policy is loaded before
+    training, so a bad policy is refused before any budget is spent.
+    """
+    from lightning_dp.train import train
+
+    if cfg.get("audit"):
+        from audits.policy import load_policy
+
+        load_policy(cfg.audit.get("policy"))
+    result = train(cfg, overrides=overrides)
+    code = 0
+    if cfg.get("audit") and result.get("synthetic"):
+        from audits.report import audit_run
+
+        audit = audit_run(cfg.audit, datamodule=result["datamodule"], result=result, ledger=result["privacy_ledger"],
+                          config=result["config"])
+        audit = audit if isinstance(audit, dict) else {"report": audit, "status": "pass", "summary": []}
+        result["report"], result["audit_status"], result["audit_summary"] = (
+            audit["report"], audit["status"], audit.get("summary", []))
+        code = {"pass": 0, "fail": 1, "inconclusive": 4}[audit["status"]]
+    return result, code
 
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="train")
@@ -15,11 +62,10 @@ def main(cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
     from pytorch_lightning.utilities.exceptions import SIGTERMException
 
-    from lightning_dp.errors import EXIT_USER_ERROR, UserError
-    from lightning_dp.train import train
+    from lightning_dp.errors import UserError
 
     try:
-        result = train(cfg, overrides=list(HydraConfig.get().overrides.task))
+        result, code = run(cfg, overrides=list(HydraConfig.get().overrides.task))
     except UserError as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(EXIT_USER_ERROR)
@@ -32,10 +78,15 @@ def main(cfg: DictConfig) -> None:
         print(f"  checkpoint : {result['checkpoint']}")
         print(f"  ledger     : {result['ledger']}")
         print(f"  synthetic  : {result['synthetic']}")
-        if result.get("report"):
-            print(f"  audit      : {result['report']}")
+    if result.get("report"):
+        print(f"  audit      : {result['report']} (private: computed from real rows, not DP)")
+        for line in result["audit_summary"]:
+            print(f"    {line}")
+        print(f"  verdict    : {result['audit_status'].upper()}")
+    sys.exit(code)
 
 
 if __name__ == "__main__":
+    _check_output_dir(sys.argv[1:])
     logging.getLogger("lightning_dp").setLevel(logging.INFO)
-    sys.exit(main())
+    main()

@@ -22,7 +22,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 ONE_SHOT = ["trainer.enable_progress_bar=false"]
-DP_SGD = ["model=dp_gan", "data.batch_size=64", "model.module.batch_size=64", "trainer.max_epochs=40",
+DP_SGD = ["model=dp_gan", "data.batch_size=64", "model.module.batch_size=64", "trainer.max_epochs=300",
           "trainer.enable_progress_bar=false", "callbacks.checkpoint.every_n_steps=20"]
 
 
@@ -83,9 +83,11 @@ def _resume(out: Path) -> str:
     return f"exit {proc.returncode}, ε {eps}, {synth}" + (f" ({last})" if proc.returncode else "")
 
 
-def _row(name: str, code: int | None, out: Path, resume: str) -> None:
+def _row(name: str, code: int | None, out: Path, resume: bool = True) -> None:
+    """One line: the state left by the fault, then (``resume``) what ``resume=last`` makes of it."""
     eps, files = _state(out)
-    print(f"| {name} | {code} | {eps} | {files} | {resume} |", flush=True)
+    after = _resume(out) if resume else "not needed: nothing was spent"
+    print(f"| {name} | {code} | {eps} | {files} | {after} |", flush=True)
 
 
 def fault_readonly(work: Path, checkpoints_only: bool) -> None:
@@ -102,7 +104,7 @@ def fault_readonly(work: Path, checkpoints_only: bool) -> None:
                               capture_output=True, text=True)
         err = (proc.stderr.strip().splitlines() or [""])[-1][:100]
         _row(f"read-only {'checkpoints/' if checkpoints_only else 'output folder'} ({err})", proc.returncode, out,
-             "not needed: nothing was spent")
+             resume=False)
     finally:
         _umount(target)
 
@@ -126,6 +128,8 @@ def fault_full_disk(work: Path) -> None:
         eps, files = _state(out)
         filler.unlink()
         print(f"| full disk during DP-SGD training ({err}) | {code} | {eps} | {files} | {_resume(out)} |", flush=True)
+        if "error:" not in err:
+            print("  (the run ended before the disk filled; raise trainer.max_epochs)")
     finally:
         _umount(mnt)
 
@@ -139,7 +143,7 @@ def fault_signal(work: Path, name: str, args: list[str], marker: str, delay: flo
     time.sleep(delay)
     proc.send_signal(sig)
     code = proc.wait()
-    _row(name, code, out, _resume(out))
+    _row(name, code, out)
 
 
 def _until_file(path: Path, proc: subprocess.Popen, timeout: float = 600) -> None:

@@ -149,8 +149,13 @@ def resume_state(output_dir: str | Path, checkpoint: Path | None) -> ResumeState
         records.append((".prefit.json", prefit["ledger"]))
         data = prefit["data"]
     if checkpoint is not None and checkpoint.is_file():
-        record = load_checkpoint(checkpoint)["lightning_dp"]
+        ckpt = load_checkpoint(checkpoint)
+        record = ckpt["lightning_dp"]
         validate_record(record, path=checkpoint)  # plain data and registered classes only: nothing runs from it
+        old_copy = (ckpt.get("callbacks") or {}).get("RunRecord", {}).get("ledger")  # checkpoints before format 2
+        if old_copy is not None and old_copy != record["ledger"]:
+            raise ResumeError(f"{str(checkpoint)!r} holds two different copies of its ledger: it was changed after it "
+                              "was written and cannot be trusted. Resume from another checkpoint or start a new run.")
         records.append((str(checkpoint), record["ledger"]))
         data, ckpt_path = record["data"], checkpoint
     elif checkpoint is not None and checkpoint.name != "last.ckpt":

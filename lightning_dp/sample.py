@@ -14,7 +14,7 @@ from pathlib import Path
 
 from lightning_dp.checkpoint import LoadedRun, load_run
 from lightning_dp.errors import EXIT_USER_ERROR, UserError
-from lightning_dp.train import write_samples
+from lightning_dp.synthetic import write_samples
 
 SUFFIXES = {"tabular": (".csv", ".parquet", ".pq"), "image": (".npz",)}
 

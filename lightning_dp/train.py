@@ -3,20 +3,18 @@
 from __future__ import annotations
 
 import logging
-import math
+import sys
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytorch_lightning as pl
-import torch
 from omegaconf import DictConfig, OmegaConf
 
 from lightning_dp.callbacks.run_record import RunRecord, write_run_files
 from lightning_dp.checkpoint import AtomicCheckpointIO
-from lightning_dp.data.datamodule import PrivateDataModule, write_table
+from lightning_dp.data.datamodule import PrivateDataModule
 from lightning_dp.data.dp_count import RowCount
 from lightning_dp.errors import RunExistsError
 from lightning_dp.launch import launch_rank, publish_prefit, wait_for_prefit
@@ -26,8 +24,46 @@ from lightning_dp.privacy import mechanisms as mech
 from lightning_dp.privacy.ledger import BudgetExceededError, PrivacyLedger
 from lightning_dp.privacy.metrics import GuardedCSVLogger, declared_metrics
 from lightning_dp.resume import resume_config, resume_state
+from lightning_dp.synthetic import write_samples
 
 log = logging.getLogger(__name__)
+
+
+class _DropTips(logging.Filter):
+    """Lightning's advertisement for a cloud logger, printed on every run."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("💡 Tip")
+
+
+def quiet_lightning() -> None:
+    """Keep the run's log to what matters: no logger advertisement, no deprecation noise from Lightning's
+    own internals (warnings about our code still show)."""
+    logger = logging.getLogger("pytorch_lightning.utilities.rank_zero")
+    if not any(isinstance(f, _DropTips) for f in logger.filters):
+        logger.addFilter(_DropTips())
+    warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*")
+    warnings.filterwarnings("ignore", message=r".*does not have many workers.*")
+
+
+def trainer_options(trainer_cfg: DictConfig) -> dict[str, Any]:
+    """The ``trainer`` config for ``pl.Trainer``; ``enable_progress_bar: null`` means: only on a terminal
+    (a progress bar in a log file is thousands of carriage returns)."""
+    options = dict(OmegaConf.to_container(trainer_cfg, resolve=True))
+    if options.get("enable_progress_bar") is None:
+        options["enable_progress_bar"] = sys.stderr.isatty()
+    return options
+
+
+def advise(cfg: DictConfig, dm: PrivateDataModule) -> None:
+    """Say so when a run's settings are known to give a poor model, with the figure and the fix."""
+    if dm.kind == "image" and not cfg.get("tuned"):
+        log.warning("model=%s with its default settings is tuned for tabular data; on images it gives poor samples. "
+                    "Use a tuned experiment: experiment=dp_merf_mnist, pearl_mnist or dp_cgan_mnist.", cfg.model.name)
+    steps = cfg.model.module.get("steps_per_epoch")
+    if steps and cfg.trainer.get("max_epochs"):
+        log.info("%s trains %d generator steps after its one-shot release (post-processing: no further budget).",
+                 cfg.model.name, steps * cfg.trainer.max_epochs)
 
 
 def make_ledger(privacy: DictConfig) -> PrivacyLedger:
@@ -78,7 +114,9 @@ def train(cfg: DictConfig, *, overrides: Sequence[str] | None = None) -> dict[st
             run's saved config, and only those in ``resume.RESUMABLE`` are allowed.
 
     Returns:
-        Paths of the artefacts and the ε spent.
+        Paths of the artefacts (``output_dir``, ``checkpoint``, ``ledger``, ``synthetic``), the ε and δ spent,
+        and for an audit composed by the caller the run's ``datamodule``, ``privacy_ledger`` and resolved
+        ``config``.
 
     Raises:
         ValueError: bad settings (``ConfigError``), unknown model or data set, bad data (``DataError``), a
@@ -130,6 +168,7 @@ def train(cfg: DictConfig, *, overrides: Sequence[str] | None = None) -> dict[st
     if rank == 0:
         publish_prefit(out, ledger=ledger.state_dict(), data=dm.state_dict(), complete=True)
     model = build_model(cfg.model, dm.layout)
+    advise(cfg, dm)
     check_space(out, checkpoint_bytes(model))
     if rank == 0:
         write_run_files(out, config_yaml=config_yaml)
@@ -140,7 +179,8 @@ def train(cfg: DictConfig, *, overrides: Sequence[str] | None = None) -> dict[st
                        every_n_minutes=checkpointing.get("every_n_minutes", 5.0))
     mechanisms = build_mechanisms(cfg.model, ledger=ledger, datamodule=dm, noise_seed=noise_seed)
     logger = GuardedCSVLogger(str(out), name="logs", declared=lambda: declared_metrics(model))  # declared keys only
-    trainer = pl.Trainer(**cfg.trainer, default_root_dir=str(out), callbacks=[record, *mechanisms],
+    quiet_lightning()
+    trainer = pl.Trainer(**trainer_options(cfg.trainer), default_root_dir=str(out), callbacks=[record, *mechanisms],
                          enable_checkpointing=False, plugins=[AtomicCheckpointIO()], logger=logger)
     fit_kwargs: dict[str, Any] = {"ckpt_path": str(ckpt_path) if ckpt_path else None, "weights_only": True}
     if getattr(model, "uses_private_batches", False):
@@ -154,69 +194,6 @@ def train(cfg: DictConfig, *, overrides: Sequence[str] | None = None) -> dict[st
     if trainer.is_global_zero:
         n = cfg.get("num_samples") or max(round(dm.released_num_rows), 1)  # never the exact count
         result["synthetic"] = write_samples(model, dm.state_dict(), n, out / "synthetic", seed=cfg.seed)
-    if cfg.get("audit") and result.get("synthetic"):  # audit=default: report.json + .html, audits/report.py
-        from audits.report import audit_run
-
-        result["report"] = audit_run(cfg.audit, datamodule=dm, result=result, ledger=ledger, config=config)
+    # for an audit composed at the entry point (train.py): this package never imports audits
+    result.update(datamodule=dm, privacy_ledger=ledger, config=config)
     return result
-
-
-def write_samples(model: torch.nn.Module, data_state: dict[str, Any], n: int, stem: str | Path,
-                  *, seed: int | None = None, suffix: str | None = None) -> str:
-    """Sample ``n`` rows, decode them to the user's columns and write them atomically.
-
-    Tabular data goes to ``<stem>.csv`` (or ``.parquet``); images to ``<stem>.npz`` plus a PNG grid.
-    """
-    from lightning_dp.data.datamodule import decode_samples
-    from lightning_dp.io import atomic_write
-
-    x, y = sample_in_chunks(model, n, seed=seed)
-    decoded = decode_samples(data_state, x, y)
-    stem = Path(stem)
-    if data_state["kind"] == "image":
-        path = stem.with_suffix(".npz")
-        atomic_write(path, lambda tmp: _savez(tmp, decoded))
-        save_image_grid(decoded["images"], decoded["labels"], stem.with_suffix(".png"))
-        return str(path)
-    path = stem.with_suffix(suffix or ".csv")
-    write_table(decoded, path)
-    return str(path)
-
-
-def _savez(path: str, arrays: dict[str, np.ndarray]) -> None:
-    with open(path, "wb") as f:  # a file object: np.savez would append ".npz" to a temporary name
-        np.savez_compressed(f, **arrays)
-
-
-def sample_in_chunks(model: Any, n: int, *, seed: int | None = None, chunk: int = 50_000) -> tuple[torch.Tensor, torch.Tensor]:
-    """``model.sample`` in chunks, so that millions of rows fit in memory."""
-    xs, ys = [], []
-    for i in range(math.ceil(n / chunk)):
-        m = min(chunk, n - i * chunk)
-        x, y = model.sample(m, seed=None if seed is None else seed + i)
-        xs.append(x.cpu())
-        ys.append(y.cpu())
-    return torch.cat(xs), torch.cat(ys)
-
-
-def save_image_grid(images: np.ndarray, labels: np.ndarray, path: Path, per_class: int = 10) -> None:
-    """A PNG grid with up to ``per_class`` samples of each label, one row per class."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from lightning_dp.io import atomic_write
-
-    classes = np.unique(labels)
-    fig, axes = plt.subplots(len(classes), per_class, figsize=(per_class * 0.6, len(classes) * 0.6), squeeze=False)
-    for r, c in enumerate(classes):
-        idx = np.flatnonzero(labels == c)[:per_class]
-        for k in range(per_class):
-            ax = axes[r, k]
-            ax.axis("off")
-            if k < len(idx):
-                ax.imshow(images[idx[k]], cmap="gray", vmin=0, vmax=1)
-    fig.tight_layout(pad=0.1)
-    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=80))
-    plt.close(fig)

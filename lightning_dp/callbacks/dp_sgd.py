@@ -39,6 +39,8 @@ from lightning_dp.privacy.microbatch import microbatch_clipped_sum
 
 log = logging.getLogger(__name__)
 
+FEW_STEPS = 300  # below this many planned steps, a DP-SGD run is warned that it will train poorly
+
 
 class DPSGD(Callback):
     """Per-sample clipping + Gaussian noise on the modules that see private data, Poisson sampling.
@@ -132,6 +134,12 @@ class DPSGD(Callback):
         self._params = [p for p in modules.parameters() if p.requires_grad]
         self._original_backward = pl_module.backward
         pl_module.backward = self._backward  # the LightningModule.backward hook, for this module only
+        if planned < FEW_STEPS:
+            log.warning("DP-SGD will take only %d steps (noise multiplier %.3g, sample rate %.3g): a GAN rarely learns in "
+                        "fewer than a few hundred, so expect a poor model. Raise trainer.max_epochs (the noise is "
+                        "recalibrated for the budget), or use a tuned experiment: experiment=bias_breast, "
+                        "dp_cgan_adult, dp_cgan_cervical or dp_cgan_mnist.", planned, self.noise_multiplier,
+                        self.sample_rate)
         log.info("DP-SGD on %s: q = %.4g, σ = %.4g, C = %g, %d planned steps (%d done); %s", self.private_modules,
                  self.sample_rate, self.noise_multiplier, self.max_grad_norm, planned, self.steps_done,
                  self.ledger.summary())

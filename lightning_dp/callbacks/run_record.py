@@ -78,7 +78,7 @@ class RunRecord(Callback):
 
     def save(self, trainer: Trainer) -> None:
         """Write ``last.ckpt`` now (atomically; then ``ledger.json``)."""
-        trainer.save_checkpoint(self.last_path)
+        trainer.save_checkpoint(self.last_path, weights_only=False)  # the full state (optimizer, loops) for resume
         self._last_save = time.monotonic()
 
     def on_save_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:

@@ -139,7 +139,8 @@ class Schema:
 
 
 def _row_list(index: Sequence[Any], limit: int = 8) -> str:
-    rows = [str(i) for i in list(index)[:limit]]
+    """File line numbers of frame rows (the header is line 1, so row index i is on line i + 2)."""
+    rows = [str(int(i) + 2) if isinstance(i, int | np.integer) else str(i) for i in list(index)[:limit]]
     more = f" and {len(index) - limit} more" if len(index) > limit else ""
     return ", ".join(rows) + more
 
@@ -184,15 +185,22 @@ def validate(df: pd.DataFrame, schema: Schema, *, source: str = "the data") -> p
             if bad.any():
                 examples = [repr(v) for v in s[bad].unique()[:5]]
                 raise DataError(f"Column {col.name!r} is continuous but {source} has non-numeric values "
-                                f"{examples} in rows {_row_list(s.index[bad])}. Fix those cells, declare the "
+                                f"{examples} on lines {_row_list(s.index[bad])}. Fix those cells, declare the "
                                 "column categorical, or add the token to the schema's missing_values.")
             s = parsed.astype(float)
         else:
             s = _canonical_categories(s.astype("string").astype(object).where(s.notna(), np.nan))
         missing = s.isna()
         if missing.any() and not col.missing:
-            raise DataError(f"Column {col.name!r} has missing values in {source} (rows "
+            raise DataError(f"Column {col.name!r} has missing values in {source} (lines "
                             f"{_row_list(s.index[missing])}) but the schema does not allow them. Set "
                             f"'missing: true' for {col.name!r} to model them, or clean those rows.")
+        if col.type == "categorical" and col.categories is not None:
+            outside = s.notna() & ~s.isin(col.categories)
+            if outside.any():
+                examples = [repr(v) for v in s[outside].unique()[:5]]
+                raise DataError(f"Column {col.name!r} has categories {examples} that the schema does not list, on "
+                                f"lines {_row_list(s.index[outside])} of {source}. Add them to the schema's categories "
+                                "or fix those cells.")
         out[col.name] = s
     return out

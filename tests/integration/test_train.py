@@ -190,7 +190,7 @@ def test_csv_with_a_bad_cell_names_it(tmp_path):
     df.loc[17, "age"] = "n/a"
     df.to_csv(tmp_path / "rows.csv", index=False)
     (tmp_path / "schema.yaml").write_text(yaml.safe_dump(toy_schema().to_dict()))
-    with pytest.raises(DataError, match="rows 17"):
+    with pytest.raises(DataError, match="on lines 19"):  # row index 17 is line 19 of the file (header = line 1)
         train(
             make_cfg(
                 tmp_path / "run",

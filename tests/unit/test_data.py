@@ -45,14 +45,14 @@ def test_unknown_and_absent_columns_are_named():
 def test_non_numeric_value_names_column_rows_and_fix():
     df = toy_frame()
     df.loc[[3, 7], "age"] = "forty"
-    with pytest.raises(DataError, match=r"'age'.*'forty'.*rows 3, 7.*declare the column categorical"):
+    with pytest.raises(DataError, match=r"'age'.*'forty'.*lines 5, 9.*declare the column categorical"):  # row indices 3, 7: file lines 5, 9
         validate(df, toy_schema())
 
 
 def test_missing_values_where_not_allowed():
     df = toy_frame()
     df.loc[5, "label"] = "?"
-    with pytest.raises(DataError, match=r"'label' has missing values.*rows 5.*missing: true"):
+    with pytest.raises(DataError, match=r"'label' has missing values.*lines 7.*missing: true"):
         validate(df, toy_schema())
 
 
