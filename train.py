@@ -10,6 +10,7 @@ from omegaconf import DictConfig
 
 EXIT_SIGTERM = 143  # 128 + SIGTERM: stopped, checkpoint saved, resume with resume=last
 EXIT_USER_ERROR = 2
+_TASK_STARTED = False  # Hydra exits 1 both for a bad command line (before main) and for a crash (in main)
 
 
 def _check_output_dir(argv: list[str]) -> None:
@@ -56,8 +57,10 @@ def run(cfg: DictConfig, overrides: list[str] | None = None) -> tuple[dict, int]
     return result, code
 
 
-@hydra.main(version_base="1.3", config_path="configs", config_name="train")
+@hydra.main(version_base="1.3", config_path=str(Path(__file__).resolve().parent / "configs"), config_name="train")
 def main(cfg: DictConfig) -> None:
+    global _TASK_STARTED
+    _TASK_STARTED = True
     # heavy imports after Hydra has parsed the command line (so --help is quick)
     from hydra.core.hydra_config import HydraConfig
     from pytorch_lightning.utilities.exceptions import SIGTERMException
@@ -86,7 +89,21 @@ def main(cfg: DictConfig) -> None:
     sys.exit(code)
 
 
-if __name__ == "__main__":
-    _check_output_dir(sys.argv[1:])
+def cli(argv: list[str]) -> int:
+    """``python train.py ARGS``: the exit code (0 done, 1 audit failed or a bug, 2 a user mistake, 4 audit
+    inconclusive, 143 stopped by SIGTERM)."""
+    global _TASK_STARTED
+    _TASK_STARTED = False
+    _check_output_dir(argv)
     logging.getLogger("lightning_dp").setLevel(logging.INFO)
-    main()
+    sys.argv = [sys.argv[0] if sys.argv else "train.py", *argv]
+    try:
+        main()
+    except SystemExit as stop:
+        code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
+        return EXIT_USER_ERROR if code == 1 and not _TASK_STARTED else code  # Hydra refused the command line
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(cli(sys.argv[1:]))

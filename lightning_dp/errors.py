@@ -16,5 +16,9 @@ class UserError(Exception):
     """A mistake in the user's input or environment; the message says what to change."""
 
 
+class StorageError(UserError, OSError):
+    """The run could not write its files (full disk, permissions); what was released is on disk already."""
+
+
 class RunExistsError(UserError, FileExistsError):
     """The output folder already holds a run (continue it with resume=last, or choose another folder)."""

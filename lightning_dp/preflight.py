@@ -37,12 +37,49 @@ def _number(value: object, name: str, *, low: float, high: float = math.inf, int
         raise ConfigError(f"{name} must be {kind} {bound}{'' if high == math.inf else f' and <= {high:g}'}, got {value!r}.")
 
 
+PRIVACY_KEYS = ("epsilon", "delta", "accountant", "adjacency", "allow_large_delta", "count_budget_fraction",
+                "noise_seed")
+TOP_KEYS = ("data", "model", "privacy", "trainer", "callbacks", "audit", "experiment", "seed", "output_dir", "resume",
+            "num_samples", "tuned")
+
+
+def _known_keys(section: object, known: tuple[str, ...] | list[str], name: str) -> None:
+    unknown = sorted(set(section) - set(known)) if section is not None else []
+    if unknown:
+        import difflib
+
+        hints = [f"{u} (did you mean {m[0]}?)" if (m := difflib.get_close_matches(u, known, n=1)) else u
+                 for u in unknown]
+        raise ConfigError(f"Unknown setting {name}{'.' if name else ''}{', '.join(hints)}; valid {name or 'top-level'} "
+                          f"keys: {', '.join(known)}.")
+
+
 def check_config(cfg: DictConfig) -> None:
-    """Ranges of the settings a run reads before its first release.
+    """Known keys and ranges of the settings a run reads before its first release.
 
     Raises:
-        ConfigError: the first setting out of range.
+        ConfigError: the first unknown key or setting out of range.
     """
+    import inspect
+
+    from lightning_dp.data.datamodule import PrivateDataModule
+
+    _known_keys(cfg, TOP_KEYS, "")
+    _known_keys(cfg.privacy, PRIVACY_KEYS, "privacy")
+    _known_keys(cfg.data, list(inspect.signature(PrivateDataModule.__init__).parameters)[1:], "data")
+    from lightning_dp.privacy.ledger import ACCOUNTANTS, ADJACENCIES
+
+    if cfg.privacy.get("accountant", "rdp") not in ACCOUNTANTS:
+        raise ConfigError(f"privacy.accountant={cfg.privacy.accountant!r} is unknown; valid: {', '.join(ACCOUNTANTS)}.")
+    if cfg.privacy.get("adjacency", "add_remove") not in ADJACENCIES:
+        raise ConfigError(f"privacy.adjacency={cfg.privacy.adjacency!r} is unknown; valid: {', '.join(ADJACENCIES)}.")
+    sgd = any("DPSGD" in str(m.get("_target_", "")) for m in cfg.model.get("mechanisms") or [])
+    if sgd and cfg.privacy.get("adjacency", "add_remove") != "add_remove":
+        raise ConfigError(f"model={cfg.model.name} trains with DP-SGD, whose accounting (Poisson-subsampled Gaussian) "
+                          "is for add/remove neighbours: set privacy.adjacency=add_remove.")
+    for key in ("epsilon", "delta"):
+        if isinstance(cfg.privacy.get(key), bool) or not isinstance(cfg.privacy.get(key), int | float):
+            raise ConfigError(f"privacy.{key} must be a number, got {cfg.privacy.get(key)!r}.")
     _number(cfg.privacy.epsilon, "privacy.epsilon", low=0, high=1e3, low_open=True)
     _number(cfg.privacy.delta, "privacy.delta", low=0, high=0.5, low_open=True)
     _number(cfg.privacy.get("count_budget_fraction", 0.02), "privacy.count_budget_fraction", low=0, high=0.5,

@@ -16,14 +16,15 @@ from lightning_dp.callbacks.run_record import RunRecord, write_run_files
 from lightning_dp.checkpoint import AtomicCheckpointIO
 from lightning_dp.data.datamodule import PrivateDataModule
 from lightning_dp.data.dp_count import RowCount
-from lightning_dp.errors import RunExistsError
+from lightning_dp.errors import RunExistsError, StorageError, UserError
 from lightning_dp.launch import launch_rank, publish_prefit, wait_for_prefit
 from lightning_dp.models import build_mechanisms, build_model
-from lightning_dp.preflight import check_run, check_space, checkpoint_bytes
+from lightning_dp.preflight import ConfigError, check_run, check_space, checkpoint_bytes
 from lightning_dp.privacy import mechanisms as mech
 from lightning_dp.privacy.ledger import BudgetExceededError, PrivacyLedger
 from lightning_dp.privacy.metrics import GuardedCSVLogger, declared_metrics
 from lightning_dp.resume import resume_config, resume_state
+from lightning_dp.run_log import RunLog
 from lightning_dp.synthetic import write_samples
 
 log = logging.getLogger(__name__)
@@ -86,7 +87,7 @@ def check_delta(delta: float, count: RowCount, *, allow_large_delta: bool) -> No
                f"could then publish a whole record and still satisfy the guarantee. Use privacy.delta <= "
                f"{0.1 / n:.1g}, or set privacy.allow_large_delta=true to proceed anyway.")
         if not allow_large_delta:
-            raise ValueError(msg)
+            raise ConfigError(msg)
         warnings.warn(msg, stacklevel=2)
 
 
@@ -123,6 +124,14 @@ def train(cfg: DictConfig, *, overrides: Sequence[str] | None = None) -> dict[st
             resume that would change the run (``ResumeError``).
         BudgetExceededError: the budget is already spent (e.g. resuming a finished run).
     """
+    run_log = RunLog()
+    try:
+        return _train(cfg, overrides=overrides, run_log=run_log)
+    finally:
+        run_log.close()
+
+
+def _train(cfg: DictConfig, *, overrides: Sequence[str] | None, run_log: RunLog) -> dict[str, Any]:
     resume = _resume_path(cfg)
     if resume is not None:
         cfg = resume_config(cfg, overrides=overrides, checkpoint=resume)
@@ -151,6 +160,7 @@ def train(cfg: DictConfig, *, overrides: Sequence[str] | None = None) -> dict[st
         def persist(led: PrivacyLedger) -> None:
             if not written:
                 write_run_files(out, config_yaml=config_yaml)
+                run_log.open(out / "train.log")
                 written.append(True)
             led.save_json(out / "ledger.json")
 
@@ -172,6 +182,7 @@ def train(cfg: DictConfig, *, overrides: Sequence[str] | None = None) -> dict[st
     check_space(out, checkpoint_bytes(model))
     if rank == 0:
         write_run_files(out, config_yaml=config_yaml)
+        run_log.open(out / "train.log")
     config = OmegaConf.to_container(cfg, resolve=True)
     checkpointing = cfg.get("callbacks", {}).get("checkpoint", {}) or {}
     record = RunRecord(ledger=ledger, config=config, data_state=dm.state_dict(), output_dir=out,
@@ -185,7 +196,14 @@ def train(cfg: DictConfig, *, overrides: Sequence[str] | None = None) -> dict[st
     fit_kwargs: dict[str, Any] = {"ckpt_path": str(ckpt_path) if ckpt_path else None, "weights_only": True}
     if getattr(model, "uses_private_batches", False):
         fit_kwargs["datamodule"] = dm
-    trainer.fit(model, **fit_kwargs)
+    try:
+        trainer.fit(model, **fit_kwargs)
+    except OSError as err:
+        if isinstance(err, UserError):
+            raise
+        raise StorageError(f"Training stopped: writing {err.filename or 'a file'} failed ({err.strerror or err}). Every "
+                           f"release is already on disk in {out}; free space or fix permissions, then continue with "
+                           "resume=last.") from err
     if ledger.spent > ledger.target_epsilon * (1 + 1e-9):  # the ledger refuses this; a last line of defence
         raise BudgetExceededError(f"ε = {ledger.spent} exceeds the target {ledger.target_epsilon}.")
     record.save(trainer)
@@ -193,7 +211,12 @@ def train(cfg: DictConfig, *, overrides: Sequence[str] | None = None) -> dict[st
                               "ledger": str(record.ledger_path), "epsilon": ledger.spent, "delta": ledger.delta}
     if trainer.is_global_zero:
         n = cfg.get("num_samples") or max(round(dm.released_num_rows), 1)  # never the exact count
-        result["synthetic"] = write_samples(model, dm.state_dict(), n, out / "synthetic", seed=cfg.seed)
+        try:
+            result["synthetic"] = write_samples(model, dm.state_dict(), n, out / "synthetic", seed=cfg.seed)
+        except OSError as err:
+            raise StorageError(f"Writing the synthetic data failed ({err.strerror or err}). The trained run is saved in "
+                               f"{record.last_path}: free space, then sample it with python -m lightning_dp.sample "
+                               f"{record.last_path} --num-rows {n} --out FILE.csv (no budget is spent).") from err
     # for an audit composed at the entry point (train.py): this package never imports audits
     result.update(datamodule=dm, privacy_ledger=ledger, config=config)
     return result

@@ -133,9 +133,22 @@ class Schema:
     @classmethod
     def from_yaml(cls, path: str | Path) -> Schema:
         path = Path(path)
+        if path.is_dir():
+            raise DataError(f"data.schema={str(path)!r} is a folder; pass the path of a YAML schema file.")
         if not path.is_file():
             raise DataError(f"Schema file {str(path)!r} does not exist. Pass data.schema=PATH to a YAML schema.")
-        return cls.from_dict(yaml.safe_load(path.read_text()) or {})
+        try:
+            d = yaml.safe_load(path.read_text())
+        except (yaml.YAMLError, UnicodeDecodeError) as err:
+            raise DataError(f"Schema file {str(path)!r} is not valid YAML ({str(err).splitlines()[0]}). Fix it; "
+                            "lightning_dp/data/schema.py shows the format.") from err
+        if not isinstance(d, dict):
+            raise DataError(f"Schema file {str(path)!r} must be a mapping with 'columns' (and optionally 'label', "
+                            f"'missing_values'), not a {type(d).__name__}.")
+        try:
+            return cls.from_dict(d)
+        except DataError as err:
+            raise DataError(f"{path.name}: {err}") from err
 
 
 def _row_list(index: Sequence[Any], limit: int = 8) -> str:
@@ -179,6 +192,11 @@ def validate(df: pd.DataFrame, schema: Schema, *, source: str = "the data") -> p
         if s.dtype == object or pd.api.types.is_string_dtype(s):
             s = s.astype("string").str.strip()
             s = s.mask(s.isin(tokens))
+            empty = s.notna() & (s == "")
+            if empty.any():
+                raise DataError(f"Column {col.name!r} has empty cells in {source} on lines {_row_list(s.index[empty])}, "
+                                f"and the schema's missing_values {sorted(tokens)} do not include the empty string. "
+                                "Fill them, or add \"\" to missing_values (with missing: true on the column).")
         if col.type == "continuous":
             parsed = pd.to_numeric(s, errors="coerce")
             bad = parsed.isna() & s.notna()
@@ -188,6 +206,16 @@ def validate(df: pd.DataFrame, schema: Schema, *, source: str = "the data") -> p
                                 f"{examples} on lines {_row_list(s.index[bad])}. Fix those cells, declare the "
                                 "column categorical, or add the token to the schema's missing_values.")
             s = parsed.astype(float)
+            infinite = s.notna() & ~np.isfinite(s)
+            if infinite.any():
+                raise DataError(f"Column {col.name!r} has infinite values in {source} on lines "
+                                f"{_row_list(s.index[infinite])}. Fix those cells (or mark them missing).")
+            if col.bounds is not None:
+                outside = s.notna() & ((s < col.bounds[0]) | (s > col.bounds[1]))
+                if outside.any():
+                    raise DataError(f"Column {col.name!r} has values outside its public bounds {col.bounds} in "
+                                    f"{source} on lines {_row_list(s.index[outside])}. Widen the bounds in the "
+                                    "schema or fix those cells; nothing is clipped silently.")
         else:
             s = _canonical_categories(s.astype("string").astype(object).where(s.notna(), np.nan))
         missing = s.isna()

@@ -68,15 +68,27 @@ def _require(path: Path, what: str) -> Path:
 def read_table(path: str | Path, **kwargs) -> pd.DataFrame:
     """Read a CSV or Parquet file as strings-or-numbers, with a clear error for malformed files."""
     path = Path(path)
+    if path.is_dir():
+        raise DataError(f"{str(path)!r} is a folder; pass data.path=PATH to a CSV or Parquet file in it.")
     if not path.is_file():
         raise DataError(f"Data file {str(path)!r} does not exist. Pass data.path=PATH to a CSV or Parquet file.")
     try:
         if path.suffix.lower() in (".parquet", ".pq"):
-            return pd.read_parquet(path)
-        return pd.read_csv(path, dtype=str, keep_default_na=False, **kwargs)
-    except (pd.errors.ParserError, UnicodeDecodeError, ValueError, OSError) as err:
+            df = pd.read_parquet(path)
+        else:
+            header = pd.read_csv(path, dtype=str, nrows=1, header=None, keep_default_na=False)
+            names = [str(v) for v in header.iloc[0]] if len(header) else []
+            df = pd.read_csv(path, dtype=str, keep_default_na=False, **kwargs)
+            dupes = sorted({n for n in names if names.count(n) > 1})
+            if dupes:
+                raise DataError(f"The header of {str(path)!r} names these columns more than once: {dupes}. Give "
+                                "every column a unique name.")
+    except DataError:
+        raise
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, ValueError, OSError) as err:
         raise DataError(f"Could not parse {str(path)!r}: {err}. Check that it is a well-formed CSV (one header "
                         "line, the same number of fields on every line) or a Parquet file.") from err
+    return df
 
 
 def load_breast_cancer(**_: object) -> TabularSource:
