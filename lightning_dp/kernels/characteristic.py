@@ -1,4 +1,4 @@
-"""Characteristic-function (CF) features and the (weighted) CF distance of PEARL (seed 001, §3).
+"""Characteristic-function (CF) features and the (weighted) CF distance of PEARL (§3).
 
 Notation (spec §1–2): K frequency vectors ``t_i`` (rows of ``freqs``, shape (K, d)) give 2K real
 coordinates. The empirical CF of a sample at ``t_i`` is ``Φ̂(t_i) = mean_j exp(i t_iᵀx_j)``; it is kept

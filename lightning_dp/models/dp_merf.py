@@ -1,4 +1,4 @@
-"""DP-MERF (seed 002): match a one-shot DP random-feature mean embedding, class by class."""
+"""DP-MERF (Harder et al., AISTATS 2021): match a one-shot DP random-feature mean embedding, class by class."""
 
 from __future__ import annotations
 

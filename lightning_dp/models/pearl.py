@@ -1,4 +1,4 @@
-"""PEARL (seed 001): one-shot DP characteristic-function embedding + adversarial re-weighting of frequencies."""
+"""PEARL (Liew et al., ICLR 2022): one-shot DP characteristic-function embedding + adversarial re-weighting of frequencies."""
 
 from __future__ import annotations
 
