@@ -2,7 +2,18 @@
 
 Writes ``DIR/report.json`` and ``DIR/report.html`` (see :mod:`audits.report` for the inputs and the policy
 format). Both are private: computed from REAL and HOLDOUT, not differentially private, not covered by the run's
-(ε, δ). Exit code: 0 the policy passed, 1 it failed, 2 bad input (nothing written), 3 an unexpected error.
+(ε, δ). Every threshold of the policy is decided on a confidence interval of its statistic: PASS when the whole
+interval is within the limit, FAIL when it is entirely beyond it, INCONCLUSIVE when the data cannot decide.
+
+Exit codes:
+
+* 0: the policy passed (every threshold passed with confidence);
+* 1: the policy failed (at least one threshold failed with confidence);
+* 2: bad input: a policy, file, data set, checkpoint, option or ``--out`` folder that cannot be used; the message
+  names the problem and the fix, and nothing is written;
+* 3: an unexpected error (a bug: its traceback is printed); nothing is written;
+* 4: the policy was inconclusive (no threshold failed, but at least one could not be decided, or nothing was
+  decided at all, e.g. every check was skipped).
 """
 
 from __future__ import annotations
@@ -12,14 +23,17 @@ import logging
 import sys
 import traceback
 
-EXIT_PASS, EXIT_FAIL, EXIT_BAD_INPUT, EXIT_ERROR = 0, 1, 2, 3
+EXIT_PASS, EXIT_FAIL, EXIT_BAD_INPUT, EXIT_ERROR, EXIT_INCONCLUSIVE = 0, 1, 2, 3, 4
+EXIT_CODES = {"pass": EXIT_PASS, "fail": EXIT_FAIL, "inconclusive": EXIT_INCONCLUSIVE}
+MAX_SEED = 2**32 - 1
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m audits",
         description=__doc__.splitlines()[0],
-        epilog="Exit code: 0 policy passed, 1 policy failed, 2 bad input, 3 unexpected error.",
+        epilog="Exit codes: 0 policy passed, 1 policy failed, 4 policy inconclusive (nothing failed but something "
+        "could not be decided), 2 bad input (nothing written), 3 unexpected error (nothing written).",
     )
     parser.add_argument(
         "synthetic",
@@ -35,7 +49,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--out", required=True, help="folder for report.json and report.html")
     parser.add_argument("--policy", default=None, help="policy YAML (default: audits/policies/default.yaml)")
     parser.add_argument(
-        "--num-rows", type=int, default=None, help="rows sampled from a checkpoint (default: |REAL|)"
+        "--num-rows",
+        type=int,
+        default=None,
+        help="rows sampled from a checkpoint (default: |REAL|; at most 1,000,000)",
     )
     parser.add_argument(
         "--seed", type=int, default=None, help="seed of sampling, candidates, attacks (default: policy)"
@@ -48,15 +65,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the audit; the exit code (see the module docstring)."""
     args = parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    from audits.inputs import InputError, check_num_rows
+    from audits.output import check_output_folder
     from audits.policy import PolicyError, load_policy
 
-    try:  # before the heavy imports: a bad policy or row count fails in a second
+    try:  # before the heavy imports: a bad policy, row count, seed or --out fails in a second
         load_policy(args.policy)
-        if args.num_rows is not None and args.num_rows <= 0:
-            raise ValueError(f"--num-rows must be positive, got {args.num_rows}.")
-    except (PolicyError, ValueError) as err:
+        check_num_rows(args.num_rows)
+        if args.seed is not None and not 0 <= args.seed <= MAX_SEED:
+            raise InputError(f"--seed must be in [0, {MAX_SEED}], got {args.seed}.")
+        check_output_folder(args.out)
+    except (PolicyError, InputError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
     from audits.report import run_audit
@@ -74,27 +96,22 @@ def main(argv: list[str] | None = None) -> int:
             data_root=args.data_root,
             label=args.label,
         )
-    except (UserError, ValueError, FileNotFoundError) as err:  # PolicyError, InputError, DataError, CheckpointError
+    except (UserError, ValueError, FileNotFoundError) as err:  # Policy/Input/Output/Data/CheckpointError
         print(f"error: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except Exception:  # noqa: BLE001 - report the bug, distinctly from a failed policy
         traceback.print_exc()
         print("error: the audit failed unexpectedly (above); no report was written.", file=sys.stderr)
         return EXIT_ERROR
-    for v in report["verdicts"]:
-        value = "n/a" if v["value"] is None else f"{v['value']:.4g}"
-        print(
-            f"{'PASS' if v['passed'] else 'FAIL'}  {v['check']}: {v['description']} = {value} "
-            f"{v['op']} {v['limit']:g}"
-        )
-    for name, check in report["checks"].items():
-        if check["status"] == "skipped":
-            print(f"SKIP  {name}: {check['reason']}")
-    print(f"policy {'passed' if report['passed'] else 'FAILED'}; report: {paths['html']}")
+    for line in report["summary"]:
+        print(line)
+    for warning in report["warnings"]:
+        print(f"warning: {warning}")
+    print(f"policy {report['status'].upper()}: {report['status_reason']} Report: {paths['html']}")
     print(
         "the report is private (computed from REAL and HOLDOUT, not differentially private): do not publish it"
     )
-    return EXIT_PASS if report["passed"] else EXIT_FAIL
+    return EXIT_CODES[report["status"]]
 
 
 if __name__ == "__main__":

@@ -218,8 +218,16 @@ class SGDCanary:
         max_grad_norm: C.
     """
 
-    def __init__(self, rows: Tensor, canary: Tensor, *, epsilon: float, delta: float, steps: int = 4,
-                 max_grad_norm: float = 1.0) -> None:
+    def __init__(
+        self,
+        rows: Tensor,
+        canary: Tensor,
+        *,
+        epsilon: float,
+        delta: float,
+        steps: int = 4,
+        max_grad_norm: float = 1.0,
+    ) -> None:
         from torch import nn
 
         self.rows, self.canary = rows.float(), canary.float().reshape(1, -1)
@@ -256,12 +264,23 @@ class SGDCanary:
         module.discriminator = self.net
         data = torch.cat([self.rows, self.canary]) if with_canary else self.rows
         n = len(self.rows) + 1  # the same q = L/N = 1 on both sides: every row is in every batch
-        mech = DPSGD(ledger=PrivacyLedger(target_epsilon=self.epsilon, delta=self.delta),
-                     datamodule=SimpleNamespace(released_num_rows=n, batch_size=n, use_poisson_sampling=lambda **_: None),
-                     max_grad_norm=self.max_grad_norm, noise_seed=seed)
-        stub = SimpleNamespace(max_steps=self.steps, max_epochs=1, world_size=1, global_rank=0,
-                               accumulate_grad_batches=1, strategy=None,
-                               _accelerator_connector=SimpleNamespace(use_distributed_sampler=False))
+        mech = DPSGD(
+            ledger=PrivacyLedger(target_epsilon=self.epsilon, delta=self.delta),
+            datamodule=SimpleNamespace(
+                released_num_rows=n, batch_size=n, use_poisson_sampling=lambda **_: None
+            ),
+            max_grad_norm=self.max_grad_norm,
+            noise_seed=seed,
+        )
+        stub = SimpleNamespace(
+            max_steps=self.steps,
+            max_epochs=1,
+            world_size=1,
+            global_rank=0,
+            accumulate_grad_batches=1,
+            strategy=None,
+            _accelerator_connector=SimpleNamespace(use_distributed_sampler=False),
+        )
         mech.on_fit_start(stub, module)
         self.noise_multiplier = mech.noise_multiplier
         score = 0.0

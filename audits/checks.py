@@ -1,10 +1,16 @@
 """The checks of an audit report, by name: each runs audit building blocks on the inputs and returns its
-numbers (JSON-safe), its figures, and one verdict per policy threshold.
+numbers (JSON-safe), its figures, and one verdict per policy threshold, decided on a confidence interval of its
+statistic (:mod:`audits.verdicts`).
 
 Candidates (shared by the privacy checks): ``members`` are up to ``max_candidates`` REAL rows, ``non_members``
 as many HOLDOUT rows; the rest of HOLDOUT is the ``reference`` set (S_base of Diesendruck 2019 Ch. 4), disjoint
 from the candidates. The disclosure checks compare the synthetic set with the reference set at equal size
-(both subsampled to the smaller), so that the baseline sees the same density of records.
+(both subsampled to the smaller), so that the baseline sees the same density of records. With fewer than
+:data:`audits.verdicts.MIN_CANDIDATES` candidates per side (HOLDOUT under 50 rows) the privacy checks do not run
+and their thresholds are inconclusive: their rates could not be estimated.
+
+Intervals: DeLong's for attack AUCs; Clopper–Pearson for the Monte Carlo error of the α-LMDP permutation
+p-value; bootstraps (:mod:`audits.resampling`) for disclosure risks, utility scores and fidelity distances.
 """
 
 from __future__ import annotations
@@ -12,43 +18,30 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
+from audits.check_figures import attribute_figure, presence_figure, roc_figure
 from audits.disclosure import attribute_disclosure, presence_disclosure
 from audits.distances import TabularEncoder
 from audits.fidelity import plot_marginals, tabular_fidelity
 from audits.inputs import AuditInputs
-from audits.lmdp import mmd_permutation_test
+from audits.lmdp import mmd_permutation_test, robust_standardise
 from audits.membership import run_attack
+from audits.resampling import attribute_interval, fidelity_interval, presence_interval, utility_interval
 from audits.utility import METRICS, json_safe, plot_utility, tstr
+from audits.verdicts import CONFIDENCE, MIN_CANDIDATES, Verdict, decide, permutation_p_interval, undecided
 
 log = logging.getLogger(__name__)
 
 Tick = Callable[[], None]
 ROC_POINTS = 200  # ROC curves are stored with at most this many points
 MAX_MARGINALS = 32  # marginal histograms of at most this many columns (the first ones)
-
-
-@dataclass
-class Verdict:
-    """One policy threshold: ``value <op> limit``; ``value`` None means it could not be computed."""
-
-    check: str
-    criterion: str
-    description: str
-    value: float | None
-    op: str
-    limit: float
-    passed: bool
-    note: str = ""
-
-    def to_dict(self) -> dict[str, Any]:
-        return json_safe(asdict(self))
+PRESENCE_RISK = "sensitivity at the confident r* (precision above target with confidence) above the baseline"
 
 
 @dataclass
@@ -61,27 +54,47 @@ class CheckResult:
     skipped: str | None = None
 
 
-def compare(
-    check: str,
-    criterion: str,
-    description: str,
-    value: Any,
-    limit: float | None,
-    *,
-    at_most: bool,
-    missing_ok: bool = False,
-) -> list[Verdict]:
-    """``[Verdict]`` for a set threshold (``[]`` when ``limit`` is None). A value that is None or NaN fails,
-    unless ``missing_ok`` (a metric that does not apply, e.g. TV without categorical columns)."""
-    if limit is None:
-        return []
-    op = "≤" if at_most else "≥"
-    if value is None or not math.isfinite(float(value)):
-        note = "not applicable to these data" if missing_ok else "could not be computed"
-        return [Verdict(check, criterion, description, None, op, float(limit), missing_ok, note)]
-    value = float(value)
-    passed = value <= limit if at_most else value >= limit
-    return [Verdict(check, criterion, description, value, op, float(limit), passed)]
+@dataclass(frozen=True)
+class Context:
+    """What every check needs besides its options: the seed, the verdicts' confidence and whether its
+    thresholds gate the policy (False: a utility expectation)."""
+
+    seed: int
+    confidence: float = CONFIDENCE
+    gates: bool = True
+
+    def decide(
+        self,
+        check: str,
+        criterion: str,
+        description: str,
+        value: Any,
+        interval: Any,
+        limit: Any,
+        *,
+        at_most: bool,
+        method: str = "",
+        not_estimable: str = "",
+    ) -> list[Verdict]:
+        """``[Verdict]`` for a set threshold, ``[]`` when ``limit`` is None (the option only reports)."""
+        if limit is None:
+            return []
+        value = None if value is None else float(value)
+        return [
+            decide(
+                check,
+                criterion,
+                description,
+                value,
+                interval,
+                float(limit),
+                at_most=at_most,
+                confidence=self.confidence,
+                method=method,
+                not_estimable=not_estimable,
+                gates=self.gates,
+            )
+        ]
 
 
 # ----------------------------------------------------------------------------------------- candidates
@@ -113,6 +126,17 @@ class Candidates:
             "reference": len(self.reference),
         }
 
+    def too_few(self) -> str | None:
+        """Why the privacy checks cannot decide with these candidates, or None."""
+        n = min(len(self.members), len(self.non_members))
+        if n >= MIN_CANDIDATES:
+            return None
+        return (
+            f"only {n} member and {len(self.non_members)} non-member candidates; the privacy checks need at least "
+            f"{MIN_CANDIDATES} of each (HOLDOUT of at least {2 * MIN_CANDIDATES} rows, half of them non-member "
+            "candidates, and REAL of at least as many) to estimate their rates"
+        )
+
 
 def _sample(frame: pd.DataFrame, n: int, seed: int) -> pd.DataFrame:
     if len(frame) <= n:
@@ -124,7 +148,7 @@ def _sample(frame: pd.DataFrame, n: int, seed: int) -> pd.DataFrame:
 
 # ----------------------------------------------------------------------------------------- membership
 def membership(
-    inputs: AuditInputs, cands: Candidates, opts: dict[str, Any], seed: int, tick: Tick
+    inputs: AuditInputs, cands: Candidates, opts: dict[str, Any], ctx: Context, tick: Tick
 ) -> CheckResult:
     """Membership-inference attacks (``audits.membership``) on the encoded rows; one ROC figure."""
     enc = TabularEncoder(scaling="minmax").fit(pd.concat([cands.members, cands.non_members, cands.reference]))
@@ -140,38 +164,22 @@ def membership(
     }
     verdicts, curves = [], {}
     for name in opts["attacks"]:
-        res = run_attack(name, **arrays, seed=seed, n_bootstrap=opts["n_bootstrap"])
+        res = run_attack(name, **arrays, seed=ctx.seed, n_bootstrap=opts["n_bootstrap"])
         keep = np.unique(np.linspace(0, len(res.fpr) - 1, min(len(res.fpr), ROC_POINTS + 1)).astype(int))
         curves[name] = (res.fpr, res.tpr, res.auc)
         out["attacks"][name] = {**res.to_dict(), "roc": {"fpr": res.fpr[keep], "tpr": res.tpr[keep]}}
-        verdicts += compare(
-            "membership", "max_auc", f"{name} attack ROC-AUC", res.auc, opts["max_auc"], at_most=True
+        verdicts += ctx.decide(
+            "membership",
+            "max_auc",
+            f"{name} attack ROC-AUC",
+            res.auc,
+            res.auc_delong_ci,
+            opts["max_auc"],
+            at_most=True,
+            method="DeLong normal interval",
         )
         tick()
-    return CheckResult(json_safe(out), {"roc": _roc_figure(curves)}, verdicts)
-
-
-def _roc_figure(curves: dict[str, tuple[np.ndarray, np.ndarray, float]]) -> Figure:
-    fig = Figure(figsize=(10, 4.2), layout="constrained")
-    lin, log_ax = fig.subplots(1, 2)
-    for name, (fpr, tpr, auc) in curves.items():
-        lin.plot(fpr, tpr, label=f"{name} (AUC {auc:.3f})")
-        pos = fpr > 0
-        log_ax.plot(fpr[pos], tpr[pos], label=name)
-    lin.plot([0, 1], [0, 1], color="grey", linestyle=":", label="chance")
-    lin.set(xlabel="false-positive rate", ylabel="true-positive rate", title="ROC of membership attacks")
-    grid = np.logspace(-3, 0, 50)
-    log_ax.plot(grid, grid, color="grey", linestyle=":")
-    log_ax.set(
-        xscale="log",
-        yscale="log",
-        xlim=(1e-3, 1),
-        ylim=(1e-3, 1.05),
-        xlabel="false-positive rate",
-        title="low false-positive regime (log-log)",
-    )
-    lin.legend(fontsize="small", loc="lower right")
-    return fig
+    return CheckResult(json_safe(out), {"roc": roc_figure(curves)}, verdicts)
 
 
 # ----------------------------------------------------------------------------------------- disclosure
@@ -181,59 +189,66 @@ def _sources(inputs: AuditInputs, cands: Candidates, seed: int) -> tuple[pd.Data
 
 
 def presence(
-    inputs: AuditInputs, cands: Candidates, opts: dict[str, Any], seed: int, tick: Tick
+    inputs: AuditInputs, cands: Candidates, opts: dict[str, Any], ctx: Context, tick: Tick
 ) -> CheckResult:
     """Presence disclosure sweep with the held-out baseline (``audits.disclosure``)."""
-    syn, base = _sources(inputs, cands, seed)
+    syn, base = _sources(inputs, cands, ctx.seed)
+    distances: dict[str, Any] = {}
     res = presence_disclosure(
-        syn, cands.members, cands.non_members, baseline=base, precision_target=opts["precision_target"]
+        syn,
+        cands.members,
+        cands.non_members,
+        baseline=base,
+        precision_target=opts["precision_target"],
+        confidence=ctx.confidence,
+        distances=distances,
     )
     res["n_source_rows"] = len(syn)
+    ci = presence_interval(
+        distances,
+        precision_target=opts["precision_target"],
+        n_bootstrap=opts["n_bootstrap"],
+        seed=ctx.seed,
+        confidence=ctx.confidence,
+    )
+    res["risk_interval"] = {
+        "confident_sensitivity": ci["interval"],
+        "confidence": ctx.confidence,
+        "method": ci["method"],
+    }
     tick()
-    verdicts = compare(
+    verdicts = ctx.decide(
         "presence_disclosure",
         "max_risk_above_baseline",
-        "sensitivity at ε* above the held-out baseline",
-        res["risk_above_baseline"]["sensitivity"],
+        PRESENCE_RISK,
+        res["risk_above_baseline"]["confident_sensitivity"],
+        ci["interval"],
         opts["max_risk_above_baseline"],
         at_most=True,
+        method=ci["method"],
     )
-    return CheckResult(json_safe(res), {"sweep": _presence_figure(res)}, verdicts)
-
-
-def _presence_figure(res: dict[str, Any]) -> Figure:
-    fig = Figure(figsize=(10, 3.8), layout="constrained")
-    prec_ax, sens_ax = fig.subplots(1, 2)
-    for what, r, style in (("synthetic", res, "-"), ("held-out baseline", res["baseline"], "--")):
-        t = np.asarray(r["thresholds"], dtype=float)
-        prec_ax.plot(t, np.asarray(r["precision"], dtype=float), style, label=what)
-        sens_ax.plot(t, np.asarray(r["sensitivity"], dtype=float), style, label=what)
-        if r["epsilon_star"] is not None:
-            sens_ax.axvline(r["epsilon_star"], linestyle=style, color="grey", linewidth=0.8)
-    prec_ax.axhline(res["precision_target"], color="red", linestyle=":", label="precision target")
-    prec_ax.set(
-        xlabel="distance threshold ε",
-        ylabel="precision",
-        title="presence disclosure: precision",
-        ylim=(0, 1.02),
-    )
-    sens_ax.set(
-        xlabel="distance threshold ε (grey: ε*)",
-        ylabel="sensitivity",
-        title="presence disclosure: sensitivity",
-        ylim=(0, 1.02),
-    )
-    prec_ax.legend(fontsize="small")
-    return fig
+    return CheckResult(json_safe(res), {"sweep": presence_figure(res)}, verdicts)
 
 
 def attribute(
-    inputs: AuditInputs, cands: Candidates, opts: dict[str, Any], seed: int, tick: Tick
+    inputs: AuditInputs, cands: Candidates, opts: dict[str, Any], ctx: Context, tick: Tick
 ) -> CheckResult:
     """Attribute disclosure by kNN imputation of the unknown columns, with the held-out baseline."""
     columns = list(inputs.real.columns)
+    if len(columns) < 2:
+        tick()
+        return CheckResult(skipped="the data have one column: nothing is left to impute from a known one")
     known = opts["known_columns"] or columns[: math.ceil(len(columns) / 2)]
-    syn, base = _sources(inputs, cands, seed)
+    if bad := [c for c in known if c not in columns]:
+        raise ValueError(
+            f"attribute_disclosure.known_columns {bad} are not columns of the data; columns: {columns}."
+        )
+    if set(known) >= set(columns):
+        raise ValueError(
+            "attribute_disclosure.known_columns names every column; leave at least one unknown to impute."
+        )
+    syn, base = _sources(inputs, cands, ctx.seed)
+    per_member: dict[str, Any] = {}
     res = attribute_disclosure(
         syn,
         cands.members,
@@ -244,43 +259,40 @@ def attribute(
         k=opts["k"],
         tolerance=opts["tolerance"],
         tolerance_mode=opts["tolerance_mode"],
+        per_member=per_member,
     )
     res["n_source_rows"] = len(syn)
+    ci = attribute_interval(
+        per_member, n_bootstrap=opts["n_bootstrap"], seed=ctx.seed, confidence=ctx.confidence
+    )
+    res["risk_interval"] = {
+        "sensitivity": ci["interval"],
+        "confidence": ctx.confidence,
+        "method": ci["method"],
+    }
     tick()
-    verdicts = compare(
+    verdicts = ctx.decide(
         "attribute_disclosure",
         "max_risk_above_baseline",
         "imputation sensitivity above the held-out baseline",
         res["risk_above_baseline"]["sensitivity"],
+        ci["interval"],
         opts["max_risk_above_baseline"],
         at_most=True,
+        method=ci["method"],
     )
-    return CheckResult(json_safe(res), {"per_column": _attribute_figure(res)}, verdicts)
-
-
-def _attribute_figure(res: dict[str, Any]) -> Figure:
-    cols = res["unknown_columns"]
-    fig = Figure(figsize=(8, 0.32 * len(cols) + 1.4), layout="constrained")
-    ax = fig.add_subplot()
-    y = np.arange(len(cols))
-    for offset, (what, r) in zip((-0.2, 0.2), (("synthetic", res), ("held-out baseline", res["baseline"]))):
-        ax.barh(y + offset, [r["per_column_sensitivity"][c] for c in cols], 0.4, label=what)
-    ax.set_yticks(y, cols, fontsize="small")
-    ax.invert_yaxis()
-    ax.set(
-        xlabel=f"share of members' values imputed within {res['tolerance']:.0%} (categories: exact)",
-        title=f"attribute disclosure per unknown column (k = {res['k']})",
-        xlim=(0, 1),
-    )
-    fig.legend(loc="outside lower center", ncols=2, fontsize="small")
-    return fig
+    return CheckResult(json_safe(res), {"per_column": attribute_figure(res)}, verdicts)
 
 
 # ----------------------------------------------------------------------------------------- α-LMDP
 def lmdp_mmd(
-    inputs: AuditInputs, cands: Candidates, opts: dict[str, Any], seed: int, tick: Tick
+    inputs: AuditInputs, cands: Candidates, opts: dict[str, Any], ctx: Context, tick: Tick
 ) -> CheckResult:
-    """MMD permutation test of the real sensitive columns x′ against the synthetic ones (PPEM §3.6 (d))."""
+    """MMD permutation test of the real sensitive columns x′ against the synthetic ones (PPEM §3.6 (d)).
+
+    Passing means the test *detects* a difference: α-LMDP ("Privacy-Preserving Energy-Based Generative Models
+    for Marginal Distribution Protection", Def. 2.2) holds when real x′ can be told from the model's x′.
+    """
     columns = opts["columns"] or inputs.numeric
     if not columns:
         tick()
@@ -292,38 +304,49 @@ def lmdp_mmd(
         )
     real = inputs.real[columns].dropna().to_numpy(float)
     syn = inputs.synthetic[columns].dropna().to_numpy(float)
-    mean, std = real.mean(0), real.std(0)
-    std = np.where(std > 0, std, 1.0)
+    if min(len(real), len(syn)) < 2:
+        tick()
+        return CheckResult(skipped="fewer than 2 rows without a missing value in the sensitive columns")
+    bounds = [inputs.bounds.get(c) for c in columns]
+    real_z, syn_z = robust_standardise(real, syn, bounds)
     test = mmd_permutation_test(
-        (real - mean) / std,
-        (syn - mean) / std,
+        real_z,
+        syn_z,
         alpha=opts["alpha"],
         n_permutations=opts["n_permutations"],
-        seed=seed,
+        seed=ctx.seed,
         max_samples=opts["max_samples"],
     )
     tick()
+    p_ci = permutation_p_interval(test.details["n_exceed"], opts["n_permutations"], ctx.confidence)
     res = {
         **test.to_dict(),
         "columns": list(columns),
         "alpha_lmdp_holds": test.reject,
-        "standardisation": "Columns z-scored with REAL's mean and std; rows with a missing value dropped",
+        "p_value_interval": list(p_ci),
+        "standardisation": (
+            "Columns clipped to their public bounds ("
+            + (", ".join(c for c, b in zip(columns, bounds) if b is not None) or "none known")
+            + ") or else to REAL's 0.5% and 99.5% quantiles, then centred on REAL's median and scaled by its "
+            "IQR/1.349; rows with a missing value dropped"
+        ),
     }
-    verdict = Verdict(
+    verdicts = ctx.decide(
         "lmdp_mmd",
         "alpha",
-        "α-LMDP: MMD test tells real x′ from synthetic (p-value)",
+        "α-LMDP: p-value of the MMD test of real x′ against synthetic (passes if ≤ α)",
         test.p_value,
-        "≤",
-        float(opts["alpha"]),
-        bool(test.reject),
+        p_ci,
+        opts["alpha"],
+        at_most=True,
+        method=f"Clopper–Pearson interval of the permutation p-value ({opts['n_permutations']} permutations)",
     )
-    return CheckResult(json_safe(res), {}, [verdict])
+    return CheckResult(json_safe(res), {}, verdicts)
 
 
 # ----------------------------------------------------------------------------------------- utility
 def utility(
-    inputs: AuditInputs, cands: Candidates, opts: dict[str, Any], seed: int, tick: Tick
+    inputs: AuditInputs, cands: Candidates, opts: dict[str, Any], ctx: Context, tick: Tick
 ) -> CheckResult:
     """TSTR: classifiers fitted on synthetic rows, scored on HOLDOUT; the same fitted on REAL for reference."""
     label = opts["label"] or inputs.label
@@ -340,9 +363,8 @@ def utility(
         real_train=inputs.real,
         classifiers=opts["classifiers"],
         categorical=categorical,
-        seed=seed,
+        seed=ctx.seed,
     )
-    tick()
     task = res.summary["task"]
     metric = opts["metric"] or ("roc_auc" if task == "binary" else res.summary["primary_metric"])
     if metric not in METRICS[task]:
@@ -352,22 +374,48 @@ def utility(
     value = res.summary["average"].get(metric)
     real_value = res.summary.get("real_average", {}).get(metric)
     gap = None if value is None or real_value is None else real_value - value
-    out = {**res.to_dict(), "metric": metric, "value": value, "real_value": real_value, "gap_to_real": gap}
-    verdicts = compare(
+    ci = utility_interval(
+        res.predictions,
+        task=task,
+        metric=metric,
+        pos_label=res.summary["pos_label"],
+        n_bootstrap=opts["n_bootstrap"],
+        seed=ctx.seed,
+        confidence=ctx.confidence,
+    )
+    tick()
+    out = {
+        **res.to_dict(),
+        "metric": metric,
+        "value": value,
+        "real_value": real_value,
+        "gap_to_real": gap,
+        "intervals": {
+            "value": ci["score"],
+            "gap_to_real": ci["gap"],
+            "confidence": ctx.confidence,
+            "method": ci["method"],
+        },
+    }
+    verdicts = ctx.decide(
         "utility",
         "min_score",
         f"mean {metric} of classifiers trained on synthetic",
         value,
+        ci["score"],
         opts["min_score"],
         at_most=False,
+        method=ci["method"],
     )
-    verdicts += compare(
+    verdicts += ctx.decide(
         "utility",
         "max_gap_to_real",
         f"{metric} of real-trained minus synthetic-trained",
         gap,
+        ci["gap"],
         opts["max_gap_to_real"],
         at_most=True,
+        method=ci["method"],
     )
     return CheckResult(json_safe(out), {"bars": plot_utility(res, metric)}, verdicts)
 
@@ -380,6 +428,13 @@ FIDELITY_SUMMARY = {
     "two_way_marginal": ("two_way_marginal", "mean"),
     "range_query_error": ("range_query", "mean_abs_error"),
     "mmd2": ("mmd", "mmd2"),
+}
+FIDELITY_THRESHOLDS = {
+    "mean_tv": ("mean total variation of categorical columns", "these data have no categorical columns"),
+    "mean_ks": ("mean KS statistic of numeric columns", "these data have no numeric columns"),
+    "mean_w1": ("mean range-scaled Wasserstein-1 of numeric columns", "these data have no numeric columns"),
+    "two_way_marginal": ("mean L1 error of 2-way marginals", "these data have fewer than 2 columns"),
+    "range_query_error": ("mean absolute error of range queries", "no range query could be drawn"),
 }
 
 
@@ -394,30 +449,39 @@ def _summary(res: dict[str, Any]) -> dict[str, float | None]:
 
 
 def fidelity(
-    inputs: AuditInputs, cands: Candidates, opts: dict[str, Any], seed: int, tick: Tick
+    inputs: AuditInputs, cands: Candidates, opts: dict[str, Any], ctx: Context, tick: Tick
 ) -> CheckResult:
     """Tabular fidelity of synthetic vs REAL, and of HOLDOUT vs REAL as the sampling-noise floor."""
-    kwargs = {"categorical": inputs.categorical, "seed": seed, "n_range_queries": opts["n_range_queries"]}
+    kwargs = {"categorical": inputs.categorical, "seed": ctx.seed, "n_range_queries": opts["n_range_queries"]}
     res = tabular_fidelity(inputs.real, inputs.synthetic, **kwargs)
     floor = tabular_fidelity(inputs.real, inputs.holdout, **kwargs)
     res["summary"], res["holdout_reference"] = _summary(res), _summary(floor)
+    keys = [k for k in FIDELITY_THRESHOLDS if opts[f"max_{k}"] is not None]
+    ci = fidelity_interval(
+        inputs.real,
+        inputs.synthetic,
+        categorical=inputs.categorical,
+        keys=keys,
+        n_bootstrap=opts["n_bootstrap"],
+        seed=ctx.seed,
+        n_range_queries=opts["n_range_queries"],
+        confidence=ctx.confidence,
+    )
+    res["intervals"] = {**ci["intervals"], "confidence": ctx.confidence, "method": ci["method"]}
     tick()
     verdicts = []
-    for key, what in (
-        ("mean_tv", "mean total variation of categorical columns"),
-        ("mean_ks", "mean KS statistic of numeric columns"),
-        ("mean_w1", "mean range-scaled Wasserstein-1 of numeric columns"),
-        ("two_way_marginal", "mean L1 error of 2-way marginals"),
-        ("range_query_error", "mean absolute error of range queries"),
-    ):
-        verdicts += compare(
+    for key in keys:
+        what, missing = FIDELITY_THRESHOLDS[key]
+        verdicts += ctx.decide(
             "fidelity",
             f"max_{key}",
             what,
             res["summary"][key],
+            ci["intervals"][key],
             opts[f"max_{key}"],
             at_most=True,
-            missing_ok=True,
+            method=ci["method"],
+            not_estimable=f"{missing}; remove max_{key} from the policy",
         )
     columns = list(inputs.real.columns)[:MAX_MARGINALS]
     res["marginals_plotted"] = columns
@@ -429,18 +493,70 @@ def fidelity(
 
 @dataclass(frozen=True)
 class CheckSpec:
-    """A registered check: its function and how many progress steps it takes for given options."""
+    """A registered check: its function, title, kind (``privacy`` checks need enough candidates; ``utility``
+    checks do not), its thresholds (policy option -> (what it bounds, True for an upper bound)) and how many
+    progress steps it takes for given options."""
 
-    run: Callable[[AuditInputs, Candidates, dict[str, Any], int, Tick], CheckResult]
+    run: Callable[[AuditInputs, Candidates, dict[str, Any], Context, Tick], CheckResult]
     title: str
+    kind: str = "privacy"
+    thresholds: dict[str, tuple[str, bool]] = field(default_factory=dict)
     steps: Callable[[dict[str, Any]], int] = lambda opts: 1
+
+    def undecided(self, name: str, opts: dict[str, Any], reason: str, ctx: Context) -> list[Verdict]:
+        """Inconclusive verdicts for every threshold the policy sets, when the check could not run."""
+        return [
+            undecided(
+                name,
+                key,
+                what,
+                opts[key],
+                reason,
+                at_most=at_most,
+                confidence=ctx.confidence,
+                gates=ctx.gates,
+            )
+            for key, (what, at_most) in self.thresholds.items()
+            if opts.get(key) is not None
+        ]
 
 
 REGISTRY: dict[str, CheckSpec] = {
-    "membership": CheckSpec(membership, "Membership inference", lambda opts: len(opts["attacks"])),
-    "presence_disclosure": CheckSpec(presence, "Presence disclosure"),
-    "attribute_disclosure": CheckSpec(attribute, "Attribute disclosure"),
-    "lmdp_mmd": CheckSpec(lmdp_mmd, "α-LMDP (MMD two-sample test)"),
-    "utility": CheckSpec(utility, "Utility (train on synthetic, test on real)"),
-    "fidelity": CheckSpec(fidelity, "Fidelity"),
+    "membership": CheckSpec(
+        membership,
+        "Membership inference",
+        thresholds={"max_auc": ("every attack's ROC-AUC", True)},
+        steps=lambda opts: len(opts["attacks"]),
+    ),
+    "presence_disclosure": CheckSpec(
+        presence,
+        "Presence disclosure",
+        thresholds={"max_risk_above_baseline": (PRESENCE_RISK, True)},
+    ),
+    "attribute_disclosure": CheckSpec(
+        attribute,
+        "Attribute disclosure",
+        thresholds={"max_risk_above_baseline": ("imputation sensitivity above the held-out baseline", True)},
+    ),
+    "lmdp_mmd": CheckSpec(
+        lmdp_mmd,
+        "α-LMDP (MMD two-sample test)",
+        kind="lmdp",
+        thresholds={"alpha": ("α-LMDP: p-value of the MMD test of real x′ against synthetic", True)},
+    ),
+    "utility": CheckSpec(
+        utility,
+        "Utility (train on synthetic, test on real)",
+        kind="utility",
+        thresholds={
+            "min_score": ("mean score of classifiers trained on synthetic", False),
+            "max_gap_to_real": ("real-trained minus synthetic-trained score", True),
+        },
+    ),
+    "fidelity": CheckSpec(
+        fidelity,
+        "Fidelity",
+        kind="utility",
+        thresholds={f"max_{k}": (what, True) for k, (what, _) in FIDELITY_THRESHOLDS.items()},
+    ),
 }

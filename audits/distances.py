@@ -267,7 +267,7 @@ class TabularEncoder:
             else:
                 v = s.to_numpy(dtype=np.float64, na_value=np.nan)
                 lo, hi = np.nanmin(v), np.nanmax(v)
-                mean, std = np.nanmean(v), np.nanstd(v)
+                mean, std = _moments(v)
                 shift, scale = (lo, hi - lo) if self.scaling == "minmax" else (mean, std)
                 scale = scale if scale > 0 and np.isfinite(scale) else 1.0
                 fill = (mean - shift) / scale
@@ -323,7 +323,11 @@ class TabularEncoder:
             else:
                 cats = self.categories_[col]
                 s = frame[col]
-                codes = pd.Categorical(s, categories=[c for c in cats if c is not None]).codes
+                # int64: pandas stores codes in the smallest integer type (int8 below 128 categories), and
+                # sl.start + code would wrap around past 127 encoded columns
+                codes = pd.Categorical(s, categories=[c for c in cats if c is not None]).codes.astype(
+                    np.int64
+                )
                 nan = s.isna().to_numpy()
                 if None in cats:
                     codes = np.where(nan, len(cats) - 1, codes)
@@ -361,6 +365,16 @@ class TabularEncoder:
         if unknown := [c for c in columns if c not in self.slices_]:
             raise ValueError(f"columns not in the encoder's reference frame: {unknown}")
         return np.concatenate([np.arange(self.slices_[c].start, self.slices_[c].stop) for c in columns])
+
+
+def _moments(v: np.ndarray) -> tuple[float, float]:
+    """NaN-mean and NaN-std of a column computed on ``v / max|v|`` and scaled back, so that values near the
+    float64 limit (1e308) give a finite std instead of an overflow to inf."""
+    top = float(np.nanmax(np.abs(v))) if np.isfinite(v).any() else 0.0
+    if not np.isfinite(top) or top == 0.0:
+        return float(np.nanmean(v)) if top == 0.0 else np.nan, 0.0
+    w = v / top
+    return float(np.nanmean(w) * top), float(np.nanstd(w) * top)
 
 
 def _is_numeric(s: pd.Series) -> bool:

@@ -35,8 +35,17 @@ import yaml
 from audits.empirical_dp import _counts, epsilon_lower_bound, select_threshold
 
 # Values that legitimately differ between any two runs: wall-clock times and the run's own folder.
-VOLATILE_KEYS = ("first_at", "last_at", "output_dir", "run_id", "dirpath", "best_model_path", "last_model_path",
-                 "kth_best_model_path", "versions")
+VOLATILE_KEYS = (
+    "first_at",
+    "last_at",
+    "output_dir",
+    "run_id",
+    "dirpath",
+    "best_model_path",
+    "last_model_path",
+    "kth_best_model_path",
+    "versions",
+)
 _TIME = re.compile(r"\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}:\d{2}(?:[.,]\d+)?(?:[+-]\d{2}:\d{2}|Z)?")
 _NUMBER = re.compile(r"[-+]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?")
 
@@ -78,7 +87,10 @@ def _table_summary(df: pd.DataFrame) -> dict[str, Any]:
         else:
             for cat, share in df[c].astype(str).value_counts(normalize=True).items():
                 out[f"{c}={cat}"] = float(share)
-    return {k: (float(v) if isinstance(v, float | np.floating) and math.isfinite(v) else v) for k, v in out.items()}
+    return {
+        k: (float(v) if isinstance(v, float | np.floating) and math.isfinite(v) else v)
+        for k, v in out.items()
+    }
 
 
 def read_artefacts(run_dir: str | Path, log_text: str = "") -> dict[str, dict[str, Any]]:
@@ -115,7 +127,9 @@ def read_artefacts(run_dir: str | Path, log_text: str = "") -> dict[str, dict[st
             text = path.read_text(errors="replace") if suffix != ".png" else ""
             out[rel] = {"bytes": float(path.stat().st_size), **_text_numbers(text)}
         else:
-            raise ValueError(f"{rel}: the end-to-end audit cannot read this kind of artefact; teach read_artefacts.")
+            raise ValueError(
+                f"{rel}: the end-to-end audit cannot read this kind of artefact; teach read_artefacts."
+            )
     out["<log records>"] = _text_numbers(log_text)
     return out
 
@@ -157,8 +171,9 @@ def capture_run(run: Callable[[], Path]) -> dict[str, dict[str, Any]]:
     return read_artefacts(out, stream.getvalue())
 
 
-def deterministic_leaks(on_d: list[Mapping[str, Mapping[str, Any]]],
-                        on_d_prime: list[Mapping[str, Mapping[str, Any]]]) -> list[str]:
+def deterministic_leaks(
+    on_d: list[Mapping[str, Mapping[str, Any]]], on_d_prime: list[Mapping[str, Mapping[str, Any]]]
+) -> list[str]:
     """Keys whose value is the same in every run on D and the same in every run on D', but differs between them.
 
     Such a value does not come from the privacy noise (the runs on one side agree) yet tells D from D': a
@@ -180,15 +195,21 @@ def deterministic_leaks(on_d: list[Mapping[str, Mapping[str, Any]]],
             continue
         for key in sorted({k for r in runs for k in r[name]}):
             d_vals, p_vals = [r[name].get(key) for r in on_d], [r[name].get(key) for r in on_d_prime]
-            if (all(_same(d_vals[0], v) for v in d_vals) and all(_same(p_vals[0], v) for v in p_vals)
-                    and not _same(d_vals[0], p_vals[0])):
+            if (
+                all(_same(d_vals[0], v) for v in d_vals)
+                and all(_same(p_vals[0], v) for v in p_vals)
+                and not _same(d_vals[0], p_vals[0])
+            ):
                 leaks.append(f"{name}: {key} (D: {_short(d_vals[0])}, D': {_short(p_vals[0])})")
     return leaks
 
 
-def find_deterministic_leaks(run_d: Callable[[], Mapping[str, Mapping[str, Any]]],
-                             run_d_prime: Callable[[], Mapping[str, Mapping[str, Any]]], *,
-                             max_runs: int = 8) -> list[str]:
+def find_deterministic_leaks(
+    run_d: Callable[[], Mapping[str, Mapping[str, Any]]],
+    run_d_prime: Callable[[], Mapping[str, Mapping[str, Any]]],
+    *,
+    max_runs: int = 8,
+) -> list[str]:
     """Two runs per side, then one more per side while any value looks deterministic (up to ``max_runs``).
 
     A truly deterministic value stays flagged however many runs are added; a noisy value with a few levels
@@ -232,7 +253,9 @@ def _matrix(runs: list[Run], name: str) -> tuple[np.ndarray, list[str]]:
                 columns.append((f"{k}=={level}", np.array([float(str(v) == level) for v in values])))
     if not columns:
         return np.zeros((len(runs), 0)), []
-    return np.nan_to_num(np.column_stack([c for _, c in columns]), posinf=0.0, neginf=0.0), [k for k, _ in columns]
+    return np.nan_to_num(np.column_stack([c for _, c in columns]), posinf=0.0, neginf=0.0), [
+        k for k, _ in columns
+    ]
 
 
 @dataclass
@@ -248,8 +271,9 @@ class ArtefactBound:
     n_per_side: int
 
 
-def epsilon_lower_bounds(runs: list[Run], *, delta: float, confidence: float = 0.95,
-                         top_features: int = 20) -> list[ArtefactBound]:
+def epsilon_lower_bounds(
+    runs: list[Run], *, delta: float, confidence: float = 0.95, top_features: int = 20
+) -> list[ArtefactBound]:
     """ε lower bound per artefact, jointly valid at ``confidence`` (Bonferroni over artefacts).
 
     Runs are split in halves per side (first half: features, weights, threshold; second half: the bound).
@@ -282,7 +306,13 @@ def epsilon_lower_bounds(runs: list[Run], *, delta: float, confidence: float = 0
 
         thr, sign, sel_eps = select_threshold(score(sel_w), score(sel_wo), delta=delta, confidence=level)
         fp, fn = (int(v[0]) for v in _counts(score(ev_w), score(ev_wo), np.array([thr]), sign))
-        eps = epsilon_lower_bound(false_positives=fp, false_negatives=fn, n_negatives=len(ev_wo),
-                                  n_positives=len(ev_w), delta=delta, confidence=level)
+        eps = epsilon_lower_bound(
+            false_positives=fp,
+            false_negatives=fn,
+            n_negatives=len(ev_wo),
+            n_positives=len(ev_w),
+            delta=delta,
+            confidence=level,
+        )
         results.append(ArtefactBound(name, eps, sel_eps, [keys[i] for i in pick[:5]], fp, fn, len(ev_w)))
     return sorted(results, key=lambda r: -r.epsilon_lower_bound)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from itertools import combinations
 from typing import Any
 
@@ -142,6 +142,47 @@ def two_way_marginal_error(
     }
 
 
+def range_query_masks(
+    real: pd.DataFrame,
+    synthetic: pd.DataFrame,
+    *,
+    categorical: Sequence[str] | None = None,
+    n_queries: int = 1000,
+    n_attributes: int = 3,
+    seed: int = 0,
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """The random range queries of :func:`range_query_error`, one at a time: per query, the boolean masks of
+    the real and of the synthetic rows that satisfy it (shapes (n_real,) and (n_synthetic,))."""
+    cats = _categorical(real, categorical)
+    cols = _check_columns(real, synthetic)
+    rng = np.random.default_rng(seed)
+    k = min(n_attributes, len(cols))
+    values, levels, finite = {}, {}, {}
+    for c in cols:
+        if c in cats:  # integer codes; the categories on offer are those of the real column
+            r, s, n_levels = discretise(real[c], synthetic[c], categorical=True)
+            values[c], levels[c] = (r, s), (np.unique(r), n_levels)
+        else:
+            values[c] = (_numeric(real[c]), _numeric(synthetic[c]))
+            finite[c] = values[c][0][np.isfinite(values[c][0])]
+    for _ in range(n_queries):
+        masks = [np.ones(len(real), dtype=bool), np.ones(len(synthetic), dtype=bool)]
+        for c in rng.choice(cols, size=k, replace=False):
+            if c in cats:
+                offered, n_levels = levels[c]
+                chosen = offered[rng.random(len(offered)) < 0.5]
+                chosen = chosen if len(chosen) else offered[[rng.integers(len(offered))]]
+                keep = np.zeros(n_levels, dtype=bool)
+                keep[chosen] = True
+                predicates = [keep[v] for v in values[c]]
+            else:
+                pool = finite[c]
+                low, high = np.sort(rng.choice(pool, size=2)) if len(pool) else (np.nan, np.nan)
+                predicates = [(v >= low) & (v <= high) for v in values[c]]
+            masks = [m & p for m, p in zip(masks, predicates)]
+        yield masks[0], masks[1]
+
+
 def range_query_error(
     real: pd.DataFrame,
     synthetic: pd.DataFrame,
@@ -158,42 +199,17 @@ def range_query_error(
     a random non-empty subset of the real categories (each kept with probability ½). The answer is the
     fraction of rows satisfying all predicates; rows with NaN in a numeric attribute never satisfy it.
     """
-    cats = _categorical(real, categorical)
-    cols = _check_columns(real, synthetic)
-    rng = np.random.default_rng(seed)
-    k = min(n_attributes, len(cols))
-    values, levels, finite = {}, {}, {}
-    for c in cols:
-        if c in cats:  # integer codes; the categories on offer are those of the real column
-            r, s, n_levels = discretise(real[c], synthetic[c], categorical=True)
-            values[c], levels[c] = (r, s), (np.unique(r), n_levels)
-        else:
-            values[c] = (_numeric(real[c]), _numeric(synthetic[c]))
-            finite[c] = values[c][0][np.isfinite(values[c][0])]
-    answers = np.zeros((n_queries, 2))
-    for q in range(n_queries):
-        masks = [np.ones(len(real), dtype=bool), np.ones(len(synthetic), dtype=bool)]
-        for c in rng.choice(cols, size=k, replace=False):
-            if c in cats:
-                offered, n_levels = levels[c]
-                chosen = offered[rng.random(len(offered)) < 0.5]
-                chosen = chosen if len(chosen) else offered[[rng.integers(len(offered))]]
-                keep = np.zeros(n_levels, dtype=bool)
-                keep[chosen] = True
-                predicates = [keep[v] for v in values[c]]
-            else:
-                pool = finite[c]
-                low, high = np.sort(rng.choice(pool, size=2)) if len(pool) else (np.nan, np.nan)
-                predicates = [(v >= low) & (v <= high) for v in values[c]]
-            masks = [m & p for m, p in zip(masks, predicates)]
-        answers[q] = [masks[0].mean(), masks[1].mean()]
+    queries = range_query_masks(
+        real, synthetic, categorical=categorical, n_queries=n_queries, n_attributes=n_attributes, seed=seed
+    )
+    answers = np.array([[r.mean(), s.mean()] for r, s in queries]).reshape(n_queries, 2)
     errors = np.abs(answers[:, 0] - answers[:, 1])
     return {
         "mean_abs_error": float(errors.mean()),
         "max_abs_error": float(errors.max()),
         "mean_real_answer": float(answers[:, 0].mean()),
         "n_queries": n_queries,
-        "n_attributes": k,
+        "n_attributes": min(n_attributes, len(real.columns)),
         "seed": seed,
     }
 

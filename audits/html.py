@@ -3,7 +3,11 @@ from the JSON report and the checks' figures.
 
 The page is as private as the JSON: it opens, before any number, with a banner carrying the report's
 ``privacy`` statement (computed from the real rows, not differentially private), and repeats a one-line
-reminder above the histograms of real columns.
+reminder above the histograms of real columns. Next comes what the run's (ε, δ) guarantees, in one sentence,
+and that the audit is empirical evidence, not a proof; then the policy's status and one line per threshold
+(status, value, interval, limit, reason), the privacy verdict apart from the utility expectations.
+
+Words: ε is only ever the privacy budget; the presence-disclosure distance threshold is r (the thesis' ε).
 """
 
 from __future__ import annotations
@@ -33,6 +37,9 @@ section { background: #fff; border: 1px solid #dde2e8; border-radius: 8px; paddi
 .pass { background: #e3f4e8; color: #166c34; }
 .fail { background: #fde7e7; color: #a11a1a; }
 .skip { background: #eceff3; color: #4a5560; }
+.inconclusive { background: #fff3d6; color: #7a5200; }
+.guarantee { background: #eef4fb; border: 1px solid #c9dbef; border-radius: 8px; padding: 8px 16px; margin: 10px 0; }
+.guarantee p { margin: 4px 0; }
 .big { font-size: 20px; padding: 6px 16px; }
 nav { margin: 10px 0 0; font-size: 13px; }
 nav a { color: #2457a6; margin-right: 14px; text-decoration: none; white-space: nowrap; }
@@ -88,9 +95,13 @@ def table(header: Sequence[str], rows: Iterable[Sequence[Any]], *, numeric: Sequ
     return f'<div class="wide"><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>'
 
 
-def badge(passed: bool | None, text: str | None = None, *, big: bool = False) -> str:
-    cls = "skip" if passed is None else ("pass" if passed else "fail")
-    text = text or {"skip": "SKIPPED", "pass": "PASS", "fail": "FAIL"}[cls]
+BADGES = {"skip": "SKIPPED", "pass": "PASS", "fail": "FAIL", "inconclusive": "INCONCLUSIVE"}
+
+
+def badge(status: str | bool | None, text: str | None = None, *, big: bool = False) -> str:
+    """A coloured label: ``pass``, ``fail``, ``inconclusive`` or ``skip`` (None); True/False mean pass/fail."""
+    cls = "skip" if status is None else {True: "pass", False: "fail"}.get(status, status)  # type: ignore[arg-type]
+    text = text or BADGES[cls]
     return f'<span class="badge {cls}{" big" if big else ""}">{esc(text)}</span>'
 
 
@@ -106,32 +117,67 @@ def figure_html(fig: Figure, caption: str, *, dpi: int = 90) -> str:
 
 
 # ----------------------------------------------------------------------------------------- sections
-def _verdicts(report: dict[str, Any]) -> str:
+def _ci(interval: Sequence[float] | None, digits: int = 3) -> str:
+    return "—" if interval is None else f"[{fmt(interval[0], digits)}, {fmt(interval[1], digits)}]"
+
+
+def _verdict_table(verdicts: list[dict[str, Any]]) -> str:
     rows = [
         (
             esc(v["check"]),
             esc(v["description"]),
-            esc(v["criterion"]),
             fmt(v["value"]),
+            _ci(v["interval"]),
             f"{esc(v['op'])} {fmt(v['limit'])}",
-            badge(v["passed"]),
-            esc(v["note"]),
+            badge(v["status"]),
+            esc(v["reason"]),
         )
-        for v in report["verdicts"]
+        for v in verdicts
     ]
-    header = ["check", "what", "threshold", "value", "limit", "result", "note"]
-    if not any(v["note"] for v in report["verdicts"]):  # no notes: no empty column
-        header, rows = header[:-1], [r[:-1] for r in rows]
-    body = table(header, rows, numeric=(3, 4))
-    if not rows:
-        body = '<p class="note">The policy sets no thresholds: every check only reports its numbers.</p>'
+    conf = f"{verdicts[0]['confidence']:.0%} interval" if verdicts else "interval"
+    return table(["check", "what", "value", conf, "limit", "result", "why"], rows, numeric=(2, 3, 4))
+
+
+def _verdicts(report: dict[str, Any]) -> str:
+    gating = [v for v in report["verdicts"] if v["gates"]]
+    expected = [v for v in report["verdicts"] if not v["gates"]]
+    rule = (
+        f"Each threshold is decided on a {report['confidence']:.0%} confidence interval of its statistic: PASS "
+        "when the whole interval is within the limit, FAIL when the whole interval is beyond it (a confident "
+        "statement), INCONCLUSIVE when the interval contains the limit or the statistic cannot be estimated from "
+        "these data. The policy passes when every threshold passes, fails when any fails, and is inconclusive "
+        "otherwise."
+    )
+    body = (
+        _verdict_table(gating)
+        if gating
+        else (
+            '<p class="note">No threshold decided the policy: it sets none, or the checks that set them were '
+            "skipped.</p>"
+        )
+    )
+    extra = ""
+    if expected:
+        extra = (
+            '<h3>Utility expectations</h3><p class="note">Reported with the same rule, but they do not change the '
+            "privacy verdict above: a private run can still be of little use.</p>" + _verdict_table(expected)
+        )
     skipped = [
         f"{esc(n)}: {esc(c['reason'])}" for n, c in report["checks"].items() if c["status"] == "skipped"
     ]
-    extra = "".join(f'<p class="note">{badge(None)} {s}</p>' for s in skipped)
+    extra += "".join(f'<p class="note">{badge(None)} {s}</p>' for s in skipped)
     return (
-        f'<section id="verdicts"><h2>Policy</h2><p class="note">Policy: {esc(report["policy"]["source"])}; '
-        f"one line per threshold.</p>{body}{extra}</section>"
+        f'<section id="verdicts"><h2>Policy</h2><p class="note">Policy: {esc(report["policy"]["source"])}. '
+        f"{esc(rule)}</p>{body}{extra}</section>"
+    )
+
+
+def _guarantee(report: dict[str, Any]) -> str:
+    """What the run's (ε, δ) guarantees, and that the audit is evidence, not proof."""
+    g = report["guarantee"]
+    return (
+        '<div class="guarantee" id="guarantee"><p><b>What this run guarantees.</b> '
+        f"{esc(g['statement'])}</p><p>{esc(g['evidence'])}</p></div>"
     )
 
 
@@ -210,31 +256,46 @@ def _ledger(report: dict[str, Any]) -> str:
         rows,
         numeric=(2, 3, 4, 5, 6, 7),
     )
-    return f'<section id="ledger"><h2>Privacy ledger</h2>{summary}<h3>Releases</h3>{releases}</section>'
+    composition = report["guarantee"]["composition"]
+    return (
+        f'<section id="ledger"><h2>Privacy ledger</h2>{summary}<h3>Releases</h3>{releases}'
+        f'<p class="note">{esc(composition)}</p></section>'
+    )
 
 
 def _membership(c: dict[str, Any]) -> str:
-    rows = []
+    rows, notes = [], set()
     for name, a in c["attacks"].items():
-        tpr, ci = a["tpr_at_fpr"], a["auc_ci"]
+        tpr = a["tpr_at_fpr"]
         rows.append(
             (
                 esc(name),
                 fmt(a["auc"]),
-                f"[{fmt(ci[0], 3)}, {fmt(ci[1], 3)}]",
-                fmt(tpr.get("0.001")),
-                fmt(tpr.get("0.01")),
+                _ci(a.get("auc_delong_ci")),
+                *("not estimable" if tpr.get(f) is None else fmt(tpr[f]) for f in ("0.001", "0.01")),
                 fmt(a["n_members"]),
                 fmt(a["n_non_members"]),
             )
         )
+        if a.get("tpr_at_fpr_note"):
+            notes.add(a["tpr_at_fpr_note"])
+    note = "".join(f" TPR {esc(n)}." for n in sorted(notes))
     return (
         table(
-            ["attack", "ROC-AUC", "95% CI", "TPR at 0.1% FPR", "TPR at 1% FPR", "members", "non-members"],
+            [
+                "attack",
+                "ROC-AUC",
+                "95% CI (DeLong)",
+                "TPR at 0.1% FPR",
+                "TPR at 1% FPR",
+                "members",
+                "non-members",
+            ],
             rows,
             numeric=(1, 2, 3, 4, 5, 6),
         )
-        + f'<p class="note">Encoding: {esc(c["encoding"])}. AUC 0.5 is chance.</p>'
+        + f'<p class="note">Encoding: {esc(c["encoding"])}. AUC 0.5 is chance; below 0.5 the attack does worse '
+        f"than chance.{note}</p>"
     )
 
 
@@ -242,19 +303,36 @@ def _presence(c: dict[str, Any]) -> str:
     rows = [
         (
             esc(what),
-            fmt(r["epsilon_star"]),
-            fmt(r["sensitivity_at_epsilon_star"]),
-            fmt(r["precision_at_epsilon_star"]),
+            fmt(r["confident_r_star"]),
+            fmt(r["sensitivity_at_confident_r_star"]),
+            fmt(r["r_star"]),
+            fmt(r["sensitivity_at_r_star"]),
+            fmt(r["precision_at_r_star"]),
         )
         for what, r in (("synthetic", c), ("held-out baseline", c["baseline"]))
     ]
     risk = c["risk_above_baseline"]
+    interval = c.get("risk_interval") or {}
+    target = fmt(c["precision_target"])
+    header = [
+        "source",
+        "confident r*",
+        "sensitivity there",
+        "r* (thesis)",
+        "sensitivity at r*",
+        "precision at r*",
+    ]
     return (
-        table(["source", "ε*", "sensitivity at ε*", "precision at ε*"], rows, numeric=(1, 2, 3))
-        + f'<p class="note">ε* is the largest distance with precision &gt; {fmt(c["precision_target"])}. '
-        f"Risk above baseline: sensitivity {fmt(risk['sensitivity'])}, precision {fmt(risk['precision'])}. "
-        f"{fmt(c['n_members'])} members, {fmt(c['n_non_members'])} non-members, {fmt(c['n_source_rows'])} "
-        "rows in each source.</p>"
+        table(header, rows, numeric=(1, 2, 3, 4, 5))
+        + '<p class="note">A candidate is flagged as a training row when a source row lies within the distance '
+        f"threshold r of it. The thesis reports r*, the largest r with precision &gt; {target}; with few "
+        "candidates that point estimate crosses the target by chance, so the verdict uses the confident r*: the "
+        f"largest r whose precision is above {target} with {fmt(c['confidence'])} confidence (none: sensitivity "
+        f"0). Risk above baseline at the confident r*: {fmt(risk['confident_sensitivity'])} "
+        f"({interval.get('confidence', 0.95):.0%} interval {_ci(interval.get('confident_sensitivity'))}); at the "
+        f"thesis' r*: sensitivity {fmt(risk['sensitivity'])}, precision {fmt(risk['precision'])}. {NEGATIVE_RISK} "
+        f"{fmt(c['n_members'])} members, {fmt(c['n_non_members'])} non-members, {fmt(c['n_source_rows'])} rows in "
+        "each source.</p>"
     )
 
 
@@ -280,7 +358,8 @@ def _attribute(c: dict[str, Any]) -> str:
         )
         + f'<p class="note">Known columns: {esc(", ".join(c["known_columns"]))}. k = {c["k"]}, tolerance '
         f"{fmt(c['tolerance'])} ({esc(c['tolerance_mode'])}). Risk above baseline: sensitivity "
-        f"{fmt(risk['sensitivity'])}, precision {fmt(risk['precision'])}.</p>"
+        f"{fmt(risk['sensitivity'])} (95% interval {_ci((c.get('risk_interval') or {}).get('sensitivity'))}), "
+        f"precision {fmt(risk['precision'])}. {NEGATIVE_RISK}</p>"
     )
 
 
@@ -290,6 +369,7 @@ def _lmdp(c: dict[str, Any]) -> str:
         (
             fmt(c["statistic"]),
             fmt(c["p_value"]),
+            _ci(c.get("p_value_interval")),
             fmt(c["alpha"]),
             esc(c["n"]),
             fmt(c["details"]["bandwidth"]),
@@ -297,13 +377,22 @@ def _lmdp(c: dict[str, Any]) -> str:
         )
     ]
     return (
-        table(
-            ["MMD² (unbiased)", "p-value", "α", "rows (real, synthetic)", "bandwidth", "decision"],
+        f'<p class="note"><b>What passing means:</b> {esc(LMDP_MEANING)}</p>'
+        + table(
+            [
+                "MMD² (unbiased)",
+                "p-value",
+                "95% interval of p",
+                "α",
+                "rows (real, synthetic)",
+                "bandwidth",
+                "decision",
+            ],
             rows,
-            numeric=(0, 1, 2, 4),
+            numeric=(0, 1, 2, 3, 5),
         )
-        + f'<p class="note">Sensitive columns x′: {esc(", ".join(c["columns"]))}. α-LMDP (PPEM Def. 2.2) holds '
-        "when the permutation test rejects that the real x′ follow the synthetic marginal (p ≤ α). "
+        + f'<p class="note">Sensitive columns x′: {esc(", ".join(c["columns"]))}. The interval of p is the Monte '
+        "Carlo error of the permutation p-value (Clopper–Pearson). "
         f"{esc(c['standardisation'])}.</p>"
     )
 
@@ -316,6 +405,7 @@ def _utility(c: dict[str, Any]) -> str:
     ]
     rows.append(("<b>mean</b>", fmt(c["value"]), fmt(c["real_value"]), ""))
     notes = "; ".join(summary.get("warnings", []))
+    ci = c.get("intervals") or {}
     return (
         f'<p class="note">Label {esc(summary["label"])} ({esc(summary["task"])}); scored on HOLDOUT '
         f"({fmt(summary['n_rows'].get('real_test'))} rows).</p>"
@@ -324,19 +414,25 @@ def _utility(c: dict[str, Any]) -> str:
             rows,
             numeric=(1, 2),
         )
+        + f'<p class="note">95% intervals over HOLDOUT rows: mean {esc(metric)} {_ci(ci.get("value"))}, gap to '
+        f"REAL-trained {fmt(c['gap_to_real'])} {_ci(ci.get('gap_to_real'))}.</p>"
         + (f'<p class="note">Warnings: {esc(notes)}</p>' if notes else "")
     )
 
 
 def _fidelity(c: dict[str, Any]) -> str:
-    syn, ref = c["summary"], c["holdout_reference"]
-    rows = [(esc(k), fmt(syn[k]), fmt(ref[k])) for k in syn]
+    syn, ref, ci = c["summary"], c["holdout_reference"], c.get("intervals") or {}
+    rows = [(esc(k), fmt(syn[k]), _ci(ci.get(k)), fmt(ref[k])) for k in syn]
     per_col = [
         (esc(name), esc(d["type"]), fmt(d.get("tv")), fmt(d.get("ks")), fmt(d.get("w1")))
         for name, d in c["columns"].items()
     ]
     return (
-        table(["metric", "synthetic vs REAL", "HOLDOUT vs REAL (floor)"], rows, numeric=(1, 2))
+        table(
+            ["metric", "synthetic vs REAL", "95% interval (thresholded metrics)", "HOLDOUT vs REAL (floor)"],
+            rows,
+            numeric=(1, 2, 3),
+        )
         + "<details><summary>Per column</summary>"
         + table(["column", "type", "TV", "KS", "W1 (range-scaled)"], per_col, numeric=(2, 3, 4))
         + "</details>"
@@ -353,11 +449,20 @@ BODIES = {
 }
 CAPTIONS = {
     "roc": "ROC curves of the membership attacks (members = REAL candidates, non-members = HOLDOUT candidates).",
-    "sweep": "Presence disclosure over the distance threshold ε: synthetic set (solid) vs held-out baseline (dashed).",
+    "sweep": "Presence disclosure over the distance threshold r: synthetic set (solid) vs held-out baseline (dashed).",
     "per_column": "Attribute disclosure: share of each unknown column imputed correctly for members.",
     "bars": "Utility: each classifier trained on synthetic vs on REAL rows, scored on HOLDOUT.",
     "marginals": "Marginals of REAL vs synthetic rows (densities for numbers, frequencies for categories).",
 }
+NEGATIVE_RISK = (
+    "A negative risk above baseline means the attack did worse with the synthetic data than with held-out real "
+    "rows: no evidence of disclosure."
+)
+LMDP_MEANING = (
+    "α-LMDP protects the distribution of the sensitive columns, not individuals: it holds when a level-α test "
+    "can tell the real columns from the synthetic ones (p ≤ α), so PASS here means the test detected a "
+    "difference, i.e. the synthetic data do not reproduce the real marginal of these columns."
+)
 REMINDERS = {  # figure -> a line shown above it
     "marginals": "Private: histograms of the real training rows (REAL), not differentially private.",
 }
@@ -365,14 +470,13 @@ REMINDERS = {  # figure -> a line shown above it
 
 def _check(name: str, c: dict[str, Any], figures: dict[str, Figure], verdicts: list[dict[str, Any]]) -> str:
     mine = [v for v in verdicts if v["check"] == name]
-    status = (
-        badge(None)
-        if c["status"] == "skipped"
-        else (badge(all(v["passed"] for v in mine)) if mine else badge(None, "REPORT ONLY"))
-    )
-    head = f'<section id="{esc(name)}"><h2>{esc(c["title"])} {status}</h2>'
+    statuses = {v["status"] for v in mine}
+    worst = "fail" if "fail" in statuses else "inconclusive" if "inconclusive" in statuses else "pass"
+    status = badge(worst) if mine else badge(None, "SKIPPED" if c["status"] == "skipped" else "REPORT ONLY")
+    role = " (utility expectation)" if c.get("role") == "expectation" else ""
+    head = f'<section id="{esc(name)}"><h2>{esc(c["title"])}{esc(role)} {status}</h2>'
     if c["status"] == "skipped":
-        return head + f'<p class="note">Skipped: {esc(c["reason"])}.</p></section>'
+        return head + f'<p class="note">Not run: {esc(c["reason"])}.</p></section>'
     figs = "".join(
         (f'<p class="private-note">{esc(REMINDERS[key])}</p>' if key in REMINDERS else "")
         + figure_html(fig, CAPTIONS.get(key, key))
@@ -416,11 +520,9 @@ def render_html(report: dict[str, Any], figures: dict[str, dict[str, Figure]]) -
         ("run", "Run"),
     ]
     nav = "".join(f'<a href="#{esc(a)}">{esc(t)}</a>' for a, t in links)
-    n_fail = sum(not v["passed"] for v in report["verdicts"])
+    status = report["status"]
     verdict = (
-        badge(True, "POLICY PASSED", big=True)
-        if report["passed"]
-        else badge(False, f"POLICY FAILED ({n_fail} of {len(report['verdicts'])} lines)", big=True)
+        badge(status, f"POLICY {BADGES[status]}", big=True) + f" <span>{esc(report['status_reason'])}</span>"
     )
     source = report["inputs"].get("checkpoint", report["inputs"]["synthetic"]).get("path", "")
     body = "".join(_check(n, c, figures.get(n, {}), report["verdicts"]) for n, c in checks.items())
@@ -428,7 +530,7 @@ def render_html(report: dict[str, Any], figures: dict[str, dict[str, Figure]]) -
     page = (
         f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>Audit report (private): {esc(source)}</title>'
         f'<meta name="viewport" content="width=device-width, initial-scale=1"><style>{CSS}</style></head><body><main>'
-        f"<h1>lightning-dp audit report</h1>{_privacy(report)}"
+        f"<h1>lightning-dp audit report</h1>{_privacy(report)}{_guarantee(report)}"
         f'<div class="meta">{esc(source)} · {esc(report["created_at"])} · {fmt(report["duration_s"])} s</div>'
         f'<div class="banner">{verdict}</div>{warnings}<nav>{nav}</nav>'
         f"{_verdicts(report)}{_inputs(report)}{_ledger(report)}{body}{_run(report)}</main></body></html>\n"

@@ -9,7 +9,13 @@
 
 All three frames are brought to one set of column types: numeric columns (the schema's continuous ones, or
 those whose REAL values all parse as numbers) as floats, the others as strings (``1.0`` and ``1`` are the
-category ``"1"``), missing tokens as NaN.
+category ``"1"``), missing tokens as NaN. Numbers must be finite; magnitudes beyond :data:`MAX_MAGNITUDE` are
+clipped to it (with a warning in the report), so that squares and variances stay finite in float64.
+
+Bad input is an :class:`InputError` whose message names the input, the problem and the fix: a folder given as a
+file, a column name repeated in a header, REAL and HOLDOUT holding the same rows (every privacy check would then
+pass trivially), a non-number in a numeric column (by its file line: the header is line 1, so row index i is on
+line i + 2), too many rows to sample.
 """
 
 from __future__ import annotations
@@ -33,6 +39,8 @@ log = logging.getLogger(__name__)
 TABLE_SUFFIXES = (".csv", ".parquet", ".pq")
 DEFAULT_MISSING = ("", "?", "NA", "N/A", "NaN", "nan", "null")
 MIN_HOLDOUT = 4  # half become non-member candidates, the other half the reference set
+MAX_NUM_ROWS = 1_000_000  # rows sampled from a checkpoint at most (--num-rows, or |REAL| by default)
+MAX_MAGNITUDE = 1e100  # numbers beyond ±this are clipped to it: their squares would overflow float64
 
 
 class InputError(UserError, ValueError):
@@ -53,6 +61,9 @@ class AuditInputs:
             rows, SHA-256 and what was hashed.
         ledger: the run's ledger (:meth:`PrivacyLedger.to_dict`), when a checkpoint or run is given.
         config: the run's resolved config, likewise.
+        bounds: public ``(lower, upper)`` of numeric columns, from the run's schema (empty without one).
+        warnings: what the inputs' checks found worth telling (values clipped, rows shared by REAL and
+            HOLDOUT); they go into the report.
     """
 
     synthetic: pd.DataFrame
@@ -63,6 +74,8 @@ class AuditInputs:
     sources: dict[str, dict[str, Any]] = field(default_factory=dict)
     ledger: dict[str, Any] | None = None
     config: dict[str, Any] | None = None
+    bounds: dict[str, tuple[float, float]] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def categorical(self) -> list[str]:
@@ -115,12 +128,19 @@ def read_frame(path: str | Path, what: str) -> pd.DataFrame:
         InputError: absent, unreadable, or without rows or columns.
     """
     path = Path(path)
+    if path.is_dir():
+        raise InputError(
+            f"{what} {str(path)!r} is a folder, not a file. Pass the path of a .csv or .parquet file."
+        )
     if not path.is_file():
         raise InputError(f"{what} {str(path)!r} does not exist.")
     try:
         if path.suffix.lower() in (".parquet", ".pq"):
-            return pd.read_parquet(path)
-        return pd.read_csv(path, dtype=str, keep_default_na=False)
+            frame = pd.read_parquet(path)
+            header = [str(c) for c in frame.columns]
+        else:
+            header = list(pd.read_csv(path, header=None, nrows=1, dtype=str, keep_default_na=False).iloc[0])
+            frame = pd.read_csv(path, dtype=str, keep_default_na=False)
     except pd.errors.EmptyDataError as err:
         raise InputError(f"{what} {str(path)!r} is empty (no header, no rows).") from err
     except Exception as err:  # parser, encoding and Arrow errors alike
@@ -128,6 +148,22 @@ def read_frame(path: str | Path, what: str) -> pd.DataFrame:
             f"Could not read {what} {str(path)!r}: {type(err).__name__}: {str(err)[:200]}. "
             "Pass a well-formed CSV (one header line) or a Parquet file."
         ) from err
+    repeated = sorted({c for c in header if header.count(c) > 1})
+    if repeated:
+        raise InputError(
+            f"{what} {str(path)!r}: the column name(s) {repeated} appear more than once in the file's header "
+            "(line 1). Give every column a distinct name."
+        )
+    return frame
+
+
+def _row_ref(kind: str, index: int) -> str:
+    """Where row ``index`` (0-based, after the header) is: a CSV file line (the header is line 1), else a row."""
+    return f"line {index + 2}" if kind == "csv" else f"row {index + 1}"
+
+
+def _file_kind(path: Path) -> str:
+    return "parquet" if path.suffix.lower() in (".parquet", ".pq") else "csv"
 
 
 def _data_set_names() -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -233,6 +269,8 @@ def normalise(
     *,
     schema: Any = None,
     label: str | None = None,
+    kinds: dict[str, str] | None = None,
+    warnings: list[str] | None = None,
 ) -> tuple[dict[str, pd.DataFrame], list[str]]:
     """Check the three frames' columns and give them one set of types.
 
@@ -241,13 +279,20 @@ def normalise(
         schema: the run's :class:`~lightning_dp.data.schema.Schema` (column types, missing tokens), or None
             to infer types from REAL.
         label: the label column (never treated as numeric when types are inferred).
+        kinds: per frame, ``"csv"`` (messages give file lines), else rows are counted from 1.
+        warnings: a list to which findings worth a line in the report are appended (values clipped to
+            :data:`MAX_MAGNITUDE`, rows that HOLDOUT shares with REAL).
 
     Returns:
         ``({"synthetic", "real", "holdout"}, numeric_columns)``.
 
     Raises:
-        InputError: columns differ (named), too few rows, or non-numbers in a numeric column.
+        InputError: columns differ (named), too few rows, non-numbers or infinite values in a numeric column
+            (by line), or REAL and HOLDOUT holding the same rows.
     """
+    kinds = kinds or {}
+    warnings = [] if warnings is None else warnings
+    names = {"synthetic": "the synthetic data", "real": "REAL", "holdout": "HOLDOUT"}
     frames = {"synthetic": synthetic, "real": real, "holdout": holdout}
     frames = {k: f.rename(columns=str) for k, f in frames.items()}
     columns = list(frames["real"].columns)
@@ -257,6 +302,8 @@ def normalise(
     _check_columns(columns, frames["holdout"], "HOLDOUT", "REAL")
     if schema is not None:
         _check_columns(schema.names, frames["real"], "REAL", "the run's schema")
+    if label is not None and label not in columns:
+        raise InputError(f"The label {label!r} (--label) is not a column of REAL; columns: {columns}.")
     for what, n_min in (("synthetic", 2), ("real", 2), ("holdout", MIN_HOLDOUT)):
         if len(frames[what]) < n_min:
             name = {"synthetic": "The synthetic data", "real": "REAL", "holdout": "HOLDOUT"}[what]
@@ -273,18 +320,60 @@ def normalise(
         cols = {}
         for c in columns:
             if c in numeric:
-                parsed = pd.to_numeric(f[c], errors="coerce").astype(float)
-                bad = parsed.isna() & f[c].notna()
-                if bad.any():
-                    raise InputError(
-                        f"Column {c!r} is numeric but {what} has non-numeric values "
-                        f"{[str(v) for v in f[c][bad].unique()[:5]]} (e.g. row {int(np.flatnonzero(bad)[0])})."
-                    )
-                cols[c] = parsed
+                cols[c] = _numbers(f[c], c, names[what], kinds.get(what, ""), warnings)
             else:
                 cols[c] = _categories(f[c])
         out[what] = pd.DataFrame(cols).reset_index(drop=True)
+    _check_disjoint(out["real"], out["holdout"], warnings)
     return out, numeric
+
+
+def _numbers(values: pd.Series, column: str, what: str, kind: str, warnings: list[str]) -> pd.Series:
+    """A numeric column as floats: non-numbers and infinities are errors (by line), huge magnitudes clipped."""
+    parsed = pd.to_numeric(values, errors="coerce").astype(float)
+    bad = parsed.isna() & values.notna()
+    if bad.any():
+        first = int(np.flatnonzero(bad)[0])
+        raise InputError(
+            f"Column {column!r} is numeric but {what} has non-numeric values "
+            f"{[str(v) for v in values[bad].unique()[:5]]} (first on {_row_ref(kind, first)}, of {int(bad.sum())}). "
+            "Fix or empty those cells (an empty cell is a missing value)."
+        )
+    infinite = np.isinf(parsed.to_numpy())
+    if infinite.any():
+        first = int(np.flatnonzero(infinite)[0])
+        raise InputError(
+            f"Column {column!r} of {what} has an infinite value on {_row_ref(kind, first)} "
+            f"({int(infinite.sum())} in all). The audit needs finite numbers; empty the cell for a missing value."
+        )
+    huge = np.abs(parsed.to_numpy()) > MAX_MAGNITUDE
+    if huge.any():
+        first = int(np.flatnonzero(huge)[0])
+        warnings.append(
+            f"Column {column!r} of {what} has {int(huge.sum())} value(s) beyond ±{MAX_MAGNITUDE:g} (first on "
+            f"{_row_ref(kind, first)}), clipped to ±{MAX_MAGNITUDE:g} so that the arithmetic stays finite; check "
+            "the data."
+        )
+        parsed = parsed.clip(-MAX_MAGNITUDE, MAX_MAGNITUDE)
+    return parsed
+
+
+def _check_disjoint(real: pd.DataFrame, holdout: pd.DataFrame, warnings: list[str]) -> None:
+    """Refuse a HOLDOUT that holds the same rows as REAL; warn when it shares some of them."""
+    hr = pd.util.hash_pandas_object(real, index=False).to_numpy()
+    hh = pd.util.hash_pandas_object(holdout, index=False).to_numpy()
+    if len(hr) == len(hh) and np.array_equal(np.sort(hr), np.sort(hh)):
+        raise InputError(
+            f"REAL and HOLDOUT hold the same {len(hr):,} rows. HOLDOUT must be real rows never used in training "
+            "(the run's held-out rows): against the training rows themselves every privacy check passes trivially."
+        )
+    shared = int(np.isin(hh, hr).sum())
+    if shared:
+        warnings.append(
+            f"{shared:,} of HOLDOUT's {len(hh):,} rows ({shared / len(hh):.1%}) also appear in REAL. HOLDOUT should "
+            "be rows never trained on; shared rows make the privacy checks look safer than they are, unless the "
+            "data hold genuine duplicates."
+        )
 
 
 # ------------------------------------------------------------------------------------------ loading
@@ -315,7 +404,7 @@ def load_inputs(
         synthetic: a ``.csv``/``.parquet`` file, or a checkpoint (any other suffix).
         real: a file, or a data set name (its ``.train_frame``).
         holdout: a file, or a data set name (its ``.holdout``).
-        num_rows: rows to sample from a checkpoint (default: as many as REAL).
+        num_rows: rows to sample from a checkpoint (default: as many as REAL), at most :data:`MAX_NUM_ROWS`.
         seed: latent seed of that sample.
         data_root: folder of the shared data sets (default: the run's ``data.root``).
         label: the label column (default: the schema's).
@@ -330,8 +419,16 @@ def load_inputs(
     from lightning_dp.privacy.ledger import PrivacyLedger
 
     synthetic = Path(synthetic)
+    check_num_rows(num_rows)
     record = None
     sources: dict[str, dict[str, Any]] = {}
+    if synthetic.is_dir():
+        ckpt = synthetic / "checkpoints" / "last.ckpt"
+        hint = f" (a run folder: did you mean {str(ckpt)!r}?)" if ckpt.is_file() else ""
+        raise InputError(
+            f"SYNTHETIC_OR_CHECKPOINT {str(synthetic)!r} is a folder, not a file{hint}. Pass a .csv/.parquet file of "
+            "synthetic rows or a run's checkpoints/last.ckpt."
+        )
     if synthetic.suffix.lower() not in TABLE_SUFFIXES:
         from lightning_dp.checkpoint import validate_record
 
@@ -353,11 +450,18 @@ def load_inputs(
     tabular, images = _data_set_names()
     loaded: dict[str, Any] = {}
     raw: dict[str, pd.DataFrame] = {}
+    kinds: dict[str, str] = {}
     for what, arg, attr in (("real", real, "train_frame"), ("holdout", holdout, "holdout")):
         path = Path(arg)
+        if path.is_dir():
+            raise InputError(
+                f"{'REAL' if what == 'real' else 'HOLDOUT'} {arg!r} is a folder, not a file. Pass the path of a "
+                ".csv or .parquet file, or a data set name."
+            )
         if path.is_file() or path.suffix.lower() in TABLE_SUFFIXES:
             raw[what] = read_frame(path, "REAL" if what == "real" else "HOLDOUT")
             sources[what] = _file_source(path, raw[what])
+            kinds[what] = _file_kind(path)
         elif arg in tabular or arg in images:
             if arg not in loaded:
                 loaded[arg] = _load_data_set(arg, record=record, root=data_root)
@@ -370,16 +474,25 @@ def load_inputs(
                 f"{'REAL' if what == 'real' else 'HOLDOUT'} {arg!r} is neither a file nor a data set "
                 f"name; valid names: {', '.join(n for n in tabular if n != 'csv')}."
             )
+    files = sources["real"].get("kind") == sources["holdout"].get("kind") == "file"
+    if files and sources["real"]["sha256"] == sources["holdout"]["sha256"]:
+        same = Path(real).resolve() == Path(holdout).resolve()
+        raise InputError(
+            f"REAL and HOLDOUT are {'the same file' if same else 'identical files'} ({real!r}). HOLDOUT must be real "
+            "rows never used in training (the run's held-out rows): against the training rows themselves every "
+            "privacy check passes trivially."
+        )
     if record is None:
         raw["synthetic"] = read_frame(synthetic, "The synthetic data")
         sources["synthetic"] = _file_source(synthetic, raw["synthetic"])
+        kinds["synthetic"] = _file_kind(synthetic)
     else:
         import torch
 
         from lightning_dp.checkpoint import load_run
         from lightning_dp.sample import sample_run
 
-        n = num_rows or len(raw["real"])
+        n = num_rows or min(len(raw["real"]), MAX_NUM_ROWS)
         with tempfile.TemporaryDirectory() as tmp, torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)  # the generator's categorical draws use the global RNG: seed it, locally
             with _refused_as_input_error():
@@ -390,7 +503,16 @@ def load_inputs(
             f"{n:,} rows sampled from {synthetic}", raw["synthetic"], kind="checkpoint sample", seed=seed
         )
     label = label or (schema.label if schema is not None else None)
-    frames, numeric = normalise(raw["synthetic"], raw["real"], raw["holdout"], schema=schema, label=label)
+    warnings: list[str] = []
+    frames, numeric = normalise(
+        raw["synthetic"],
+        raw["real"],
+        raw["holdout"],
+        schema=schema,
+        label=label,
+        kinds=kinds,
+        warnings=warnings,
+    )
     ledger = PrivacyLedger.from_state_dict(record["ledger"]).to_dict() if record else None
     return AuditInputs(
         **frames,
@@ -399,4 +521,35 @@ def load_inputs(
         sources=sources,
         ledger=ledger,
         config=record.get("config") if record else None,
+        bounds=schema_bounds(schema),
+        warnings=warnings,
     )
+
+
+def schema_bounds(schema: Any) -> dict[str, tuple[float, float]]:
+    """Public (or DP-released) ``(lower, upper)`` of the schema's continuous columns that have them."""
+    if schema is None:
+        return {}
+    return {
+        c.name: (float(c.bounds[0]), float(c.bounds[1]))
+        for c in schema.columns
+        if c.type == "continuous" and c.bounds is not None
+    }
+
+
+def check_num_rows(num_rows: int | None) -> None:
+    """Refuse a number of rows to sample that is not positive or exceeds :data:`MAX_NUM_ROWS`.
+
+    Raises:
+        InputError: with the limit and why it exists.
+    """
+    if num_rows is None:
+        return
+    if num_rows <= 0:
+        raise InputError(f"--num-rows must be positive, got {num_rows}.")
+    if num_rows > MAX_NUM_ROWS:
+        raise InputError(
+            f"--num-rows {num_rows:,} exceeds the audit's limit of {MAX_NUM_ROWS:,} rows (every check holds the "
+            f"synthetic rows in memory, and more rows do not sharpen the verdicts, whose precision is set by the "
+            f"real candidates). Pass --num-rows {MAX_NUM_ROWS:,} or fewer."
+        )

@@ -2,8 +2,11 @@
 
 Every attack maps the candidate records (members = training rows, then non-members = held-out rows) to a
 score, higher = "more likely a member". :func:`run_attack` labels the candidates, runs the attack by name
-and reports ROC AUC, TPR at low FPR and seeded bootstrap confidence intervals. Inputs are numeric matrices
-(encode DataFrames with :class:`audits.distances.TabularEncoder` first).
+and reports ROC AUC (with DeLong's standard error and interval, which the audit report's verdicts use), TPR at low
+FPR and seeded bootstrap confidence intervals. A TPR at FPR f is only estimable with at least 1/f non-members
+(with fewer, the FPR cannot be resolved: at 57 non-members the TPR at 0.1% FPR could only be read at FPR 0 or
+1/57); it is then reported as None, with the reason in ``tpr_at_fpr_note``. Inputs are numeric matrices (encode
+DataFrames with :class:`audits.distances.TabularEncoder` first).
 
 References:
     DCR: e.g. Chen et al. 2020 (GAN-Leaks), Yale et al. 2019. DOMIAS: van Breugel et al. 2023, "Membership
@@ -25,6 +28,7 @@ from sklearn.decomposition import PCA
 from sklearn.metrics import roc_curve
 
 from audits.distances import distance_to_closest_record, gaussian_kernel_logsumexp
+from audits.verdicts import CONFIDENCE, delong_auc
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +76,12 @@ def tpr_at_fpr(scores: np.ndarray, labels: np.ndarray, fpr: float) -> float:
     return float((pos > neg[m]).mean())
 
 
+def tpr_estimable(fpr: float, n_negatives: int) -> bool:
+    """Whether a TPR at FPR ``fpr`` can be read from ``n_negatives`` non-members: at least one false positive
+    must be allowed, ``fpr * n_negatives >= 1`` (else the only rule with FPR <= fpr has FPR 0)."""
+    return fpr * n_negatives >= 1.0 - 1e-9
+
+
 def _bootstrap_ci(
     scores: np.ndarray, labels: np.ndarray, *, n_bootstrap: int, seed: int, level: float = 0.95
 ) -> dict[str, tuple[float, float]]:
@@ -101,8 +111,11 @@ class AttackResult:
         labels: 1 for members, 0 for non-members, same shape.
         auc: ROC AUC.
         auc_ci: 95% percentile bootstrap interval of the AUC.
-        tpr_at_fpr: TPR at FPR 0.1% and 1% (keys 0.001, 0.01).
-        tpr_at_fpr_ci: Bootstrap intervals of those TPRs.
+        auc_se: DeLong's standard error of the AUC.
+        auc_delong_ci: DeLong's normal interval of the AUC at :data:`audits.verdicts.CONFIDENCE` (clipped to
+            [0, 1]); the report's verdicts decide on it.
+        tpr_at_fpr: TPR at FPR 0.1% and 1% (keys 0.001, 0.01); None where not estimable.
+        tpr_at_fpr_ci: Bootstrap intervals of those TPRs (None where not estimable).
         fpr: ROC curve false-positive rates.
         tpr: ROC curve true-positive rates.
         thresholds: ROC curve thresholds.
@@ -114,23 +127,38 @@ class AttackResult:
     labels: np.ndarray
     auc: float
     auc_ci: tuple[float, float]
-    tpr_at_fpr: dict[float, float]
-    tpr_at_fpr_ci: dict[float, tuple[float, float]]
+    tpr_at_fpr: dict[float, float | None]
+    tpr_at_fpr_ci: dict[float, tuple[float, float] | None]
     fpr: np.ndarray
     tpr: np.ndarray
     thresholds: np.ndarray
     params: dict[str, Any] = field(default_factory=dict)
+    auc_se: float = float("nan")
+    auc_delong_ci: tuple[float, float] = (float("nan"), float("nan"))
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-serialisable summary without the per-candidate arrays and the ROC curve."""
+        n_neg = int((self.labels == 0).sum())
+        missing = [f for f, v in self.tpr_at_fpr.items() if v is None]
         return {
             "name": self.name,
             "n_members": int(self.labels.sum()),
-            "n_non_members": int((self.labels == 0).sum()),
+            "n_non_members": n_neg,
             "auc": self.auc,
             "auc_ci": list(self.auc_ci),
+            "auc_se": self.auc_se,
+            "auc_delong_ci": list(self.auc_delong_ci),
             "tpr_at_fpr": {str(k): v for k, v in self.tpr_at_fpr.items()},
-            "tpr_at_fpr_ci": {str(k): list(v) for k, v in self.tpr_at_fpr_ci.items()},
+            "tpr_at_fpr_ci": {str(k): None if v is None else list(v) for k, v in self.tpr_at_fpr_ci.items()},
+            "tpr_at_fpr_note": (
+                "not estimable at FPR "
+                + ", ".join(f"{f:g}" for f in missing)
+                + f": {n_neg} non-members cannot resolve it (needs at least "
+                + ", ".join(f"{int(np.ceil(1 / f - 1e-9)):,}" for f in missing)
+                + ")"
+            )
+            if missing
+            else "",
             "params": self.params,
         }
 
@@ -161,18 +189,23 @@ def evaluate_scores(
     finite = np.nan_to_num(scores, nan=-np.inf)  # a NaN score never flags membership
     fpr, tpr, thr = roc_curve(labels, np.clip(finite, -1e300, 1e300))
     ci = _bootstrap_ci(finite, labels, n_bootstrap=n_bootstrap, seed=seed)
+    delong = delong_auc(finite, labels, CONFIDENCE)
+    n_neg = int((np.asarray(labels) == 0).sum())
+    ok = {f: tpr_estimable(f, n_neg) for f in FPR_TARGETS}
     return AttackResult(
         name=name,
         scores=scores,
         labels=labels,
         auc=roc_auc(finite, labels),
         auc_ci=ci["auc"],
-        tpr_at_fpr={f: tpr_at_fpr(finite, labels, f) for f in FPR_TARGETS},
-        tpr_at_fpr_ci={f: ci[str(f)] for f in FPR_TARGETS},
+        tpr_at_fpr={f: tpr_at_fpr(finite, labels, f) if ok[f] else None for f in FPR_TARGETS},
+        tpr_at_fpr_ci={f: ci[str(f)] if ok[f] else None for f in FPR_TARGETS},
         fpr=fpr,
         tpr=tpr,
         thresholds=thr,
         params=params or {},
+        auc_se=delong["se"],
+        auc_delong_ci=(delong["lo"], delong["hi"]),
     )
 
 

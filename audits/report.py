@@ -6,11 +6,19 @@ Command line (``audits/__main__.py``)::
         [--policy policy.yaml] [--num-rows N] [--seed S] [--label COLUMN] [--data-root PATH]
 
 * ``SYNTHETIC_OR_CHECKPOINT``: a synthetic ``.csv``/``.parquet`` in the user's columns, or a run's checkpoint
-  (``N`` rows are sampled from it, default as many as REAL; its ledger and config go into the report).
+  (``N`` rows are sampled from it, default as many as REAL, at most 1,000,000; its ledger and config go into the
+  report).
 * ``REAL`` (the private training rows) and ``HOLDOUT`` (real rows never trained on): files, or a data set name
   such as ``adult``, loaded with the checkpoint's data config and released schema (the run's split; the schema
-  is not released again).
-* Exit code: 0 the policy passed, 1 it failed, 2 bad input (nothing written), 3 an unexpected error.
+  is not released again). REAL and HOLDOUT holding the same rows is refused.
+* Exit code: 0 the policy passed, 1 it failed, 4 it was inconclusive, 2 bad input (nothing written), 3 an
+  unexpected error (nothing written).
+
+Verdicts (:mod:`audits.verdicts`): every threshold is decided on a confidence interval of its statistic (95% by
+default): ``pass`` when the whole interval is within the limit, ``fail`` when the whole interval is beyond it,
+``inconclusive`` when it contains the limit or the statistic cannot be estimated (e.g. fewer than 25 candidates
+per side). The policy's ``status`` is ``fail`` if any gating threshold fails, ``pass`` if all pass (and there is at
+least one), ``inconclusive`` otherwise; thresholds under ``expectations`` are reported alike but never change it.
 
 The report is private. It is computed from REAL and HOLDOUT (exact counts, hashes, statistics, attack scores
 and distances on real rows), is not differentially private and is not covered by the run's (ε, δ); only the
@@ -19,53 +27,61 @@ is not a DP release, not because it is post-processing. ``report.json`` opens wi
 (:func:`privacy_label`) that says so and lists the sections computed from real rows; ``report.html`` opens
 with the same statement. Handle both files like the private data: access-controlled, not published.
 
-``train.py ... audit=default`` runs the same audit at the end of training into the run's ``output_dir``.
+``train.py ... audit=default`` runs the same audit at the end of training into the run's ``output_dir``
+(:func:`audit_run`).
 
 Policy format (YAML; the default is ``audits/policies/default.yaml``)::
 
     seed: 0                     # seed of candidate draws, attacks, tests, classifiers (--seed overrides)
-    max_candidates: 1000        # member / non-member candidates per side
-    checks:                     # a mapping (or a list of names, for defaults); unknown names are errors
+    max_candidates: 1000        # member / non-member candidates per side (at least 25)
+    confidence: 0.95            # two-sided confidence of every verdict's interval
+    checks:                     # thresholds here decide the policy's status; unknown names are errors
       membership:               # attacks of audits.membership on the synthetic set
         attacks: [dcr, dcr_ratio, domias]
-        n_bootstrap: 200
+        n_bootstrap: 200        # bootstrap of the reported TPR intervals (the AUC verdict uses DeLong's)
         max_auc: 0.6            # every attack's ROC-AUC <= 0.6
-      presence_disclosure:      # Diesendruck 2019 Ch. 4, ε* = largest ε with precision > precision_target
+      presence_disclosure:      # Diesendruck 2019 Ch. 4, r* = largest distance threshold with precision > target
         precision_target: 0.55
-        max_risk_above_baseline: 0.05   # sensitivity at ε* minus the held-out baseline's
+        n_bootstrap: 500
+        max_risk_above_baseline: 0.05   # sensitivity at r* minus the held-out baseline's
       attribute_disclosure:     # kNN imputation of the unknown columns from the synthetic set
         known_columns: null     # default: the first half of the columns
         k: 5
         tolerance: 0.05
         tolerance_mode: relative        # or range
+        n_bootstrap: 200
         max_risk_above_baseline: 0.05   # sensitivity minus the held-out baseline's
       lmdp_mmd:                 # α-LMDP (PPEM Def. 2.2): passes when the test REJECTS "real x′ ~ synthetic x′"
         columns: null           # the sensitive columns x′; default: every numeric column
         alpha: 0.05
-        n_permutations: 200
+        n_permutations: 200     # at least log((1 - confidence)/2) / log(1 - alpha) (72 at the defaults)
         max_samples: 1000
+    expectations:               # the same format; reported with a status, never change the policy's status
       utility:                  # TSTR on HOLDOUT (skipped when no label is known)
         label: null             # default: the schema's label or --label
         classifiers: [logistic_regression, gaussian_nb, decision_tree]   # or a preset: dp_merf, pearl
         metric: null            # default: roc_auc (binary), f1_weighted (multi-class), r2 (regression)
+        n_bootstrap: 200
         min_score: null         # mean of the metric over the classifiers >= this
         min_roc: 0.6            # short for metric: roc_auc, min_score: 0.6
         max_gap_to_real: null   # real-trained minus synthetic-trained metric <= this
       fidelity:                 # audits.fidelity.tabular_fidelity vs REAL (HOLDOUT vs REAL as the floor)
         n_range_queries: 500
+        n_bootstrap: 200
         max_mean_tv: 0.2        # also: max_mean_ks, max_mean_w1, max_two_way_marginal, max_range_query_error
 
-Options named ``max_*``/``min_*`` are thresholds, each one line of pass/fail in the report; a threshold left
-null only reports its number, and a metric that does not apply (TV without categorical columns) passes. The
-policy passes when every line passes. Distance-based checks run chunked (bounded memory) in the building
-blocks. Both report files are written atomically, after every check has run: on an error neither exists.
+Options named ``max_*``/``min_*`` (and ``lmdp_mmd.alpha``) are thresholds, each one verdict in the report; a
+threshold left null only reports its number. A check that is skipped (no label, too few candidates) makes its
+thresholds inconclusive. Distance-based checks run chunked (bounded memory) in the building blocks. ``--out`` is
+checked before any data are read, and both report files are written together after every check has run
+(:mod:`audits.output`): on an error neither exists.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
+import math
 import time
 from collections.abc import Mapping
 from datetime import datetime, timezone
@@ -74,16 +90,18 @@ from typing import Any
 
 from matplotlib.figure import Figure
 
-from audits.checks import REGISTRY, Candidates, CheckResult
-from audits.inputs import AuditInputs, frame_source, load_inputs, normalise
+from audits.checks import REGISTRY, Candidates, CheckResult, Context
+from audits.inputs import AuditInputs, frame_source, load_inputs, normalise, schema_bounds
+from audits.output import check_output_folder, write_files
 from audits.policy import load_policy
 from audits.utility import json_safe
+from audits.verdicts import overall_status
 
 log = logging.getLogger(__name__)
 
-FORMAT_VERSION = 2  # 2: the "privacy" object first
+FORMAT_VERSION = 3  # 3: verdicts with status, interval and reason; "status" of the policy; expectations
 REPORT_FILES = ("report.json", "report.html")
-FEW_CANDIDATES = 200  # below this many candidates per side the report warns that its rates are noisy
+FEW_CANDIDATES = 200  # below this many candidates per side the report warns that its intervals are wide
 PRIVATE_INPUTS = ("REAL: the private training rows", "HOLDOUT: real rows not trained on")
 DP_ARTEFACTS = ("synthetic data", "checkpoint", "ledger.json")
 FROM_REAL_ROWS = {  # section of the report -> what in it is computed from real rows (a check's: if it ran)
@@ -94,13 +112,17 @@ FROM_REAL_ROWS = {  # section of the report -> what in it is computed from real 
     "rows (the thresholds of the sweep), with the rates at each",
     "checks.attribute_disclosure": "per-column rates at which REAL rows' unknown values are imputed from "
     "synthetic and HOLDOUT rows",
-    "checks.lmdp_mmd": "MMD², p-value and bandwidth of a test of REAL against synthetic columns, standardised "
-    "with REAL's mean and std",
+    "checks.lmdp_mmd": "MMD², p-value and bandwidth of a test of REAL against synthetic columns, clipped and "
+    "scaled with REAL's quantiles",
     "checks.utility": "scores on HOLDOUT rows of classifiers trained on synthetic and on REAL rows",
     "checks.fidelity": "per-column TV, KS and Wasserstein-1, 2-way-marginal, range-query and MMD errors of "
     "synthetic and HOLDOUT against REAL, REAL's mean range-query answer, the median distance between REAL rows "
     "(report.html adds histograms of REAL's columns)",
-    "verdicts": "the pass/fail verdicts and warnings derived from these numbers",
+    "verdicts": "the verdicts, their intervals and warnings derived from these numbers",
+}
+ACCOUNTANTS = {
+    "rdp": "Rényi DP (Mironov 2017)",
+    "prv": "privacy-loss random variables (the PRV accountant)",
 }
 
 
@@ -136,6 +158,52 @@ def privacy_label(checks: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
     }
 
 
+def guarantee(ledger: Mapping[str, Any] | None) -> dict[str, Any]:
+    """What the run's (ε, δ) guarantees, in plain words, and how its releases compose.
+
+    Returns:
+        ``{"epsilon", "delta", "statement", "composition", "evidence"}`` (ε and δ None without a ledger).
+    """
+    evidence = (
+        "This audit is empirical evidence about one release, not a proof: passing checks do not show that the "
+        "run is differentially private (that follows from the mechanisms and the ledger), and a failing check is "
+        "a reason to investigate."
+    )
+    if not ledger:
+        return {
+            "epsilon": None,
+            "delta": None,
+            "statement": "Unknown: the synthetic data came as a file, without the run's ledger, so no (ε, δ) is "
+            "known for it.",
+            "composition": "",
+            "evidence": evidence,
+        }
+    eps, delta = float(ledger["epsilon"]), float(ledger["delta"])
+    n = len(ledger.get("releases", []))
+    accountant = ACCOUNTANTS.get(ledger.get("accountant"), str(ledger.get("accountant")))
+    return {
+        "epsilon": eps,
+        "delta": delta,
+        "statement": f"For any one person, whether their row was in the training data changes the probability of "
+        f"any output of this run (the synthetic data, the checkpoint) by at most a factor e^ε = {math.exp(eps):.3g} "
+        f"(ε = {eps:.4g}), except with probability δ = {delta:.3g}.",
+        "composition": f"The run's {n} releases compose in {accountant}, so the total ε = {eps:.4g} is less than the "
+        "sum of the per-release ε (each of which is its ε alone, as if it were the only release).",
+        "evidence": evidence,
+    }
+
+
+def _ordered(policy: Mapping[str, Any]) -> list[tuple[str, dict[str, Any], bool]]:
+    """``(name, options, gates)`` of every check of the policy, in the registry's order."""
+    out = []
+    for name in REGISTRY:
+        if name in policy["checks"]:
+            out.append((name, policy["checks"][name], True))
+        elif name in policy.get("expectations", {}):
+            out.append((name, policy["expectations"][name], False))
+    return out
+
+
 def build_report(
     inputs: AuditInputs, policy: dict[str, Any], *, seed: int | None = None, progress: bool | None = None
 ) -> tuple[dict[str, Any], dict[str, dict[str, Figure]]]:
@@ -157,45 +225,61 @@ def build_report(
 
     start = time.time()
     seed = policy["seed"] if seed is None else seed
+    confidence = policy.get("confidence", 0.95)
     cands = Candidates.draw(inputs, max_candidates=policy["max_candidates"], seed=seed)
-    total = sum(REGISTRY[name].steps(opts) for name, opts in policy["checks"].items())
+    too_few = cands.too_few()
+    ordered = _ordered(policy)
+    total = sum(REGISTRY[name].steps(opts) for name, opts, _ in ordered)
     checks: dict[str, Any] = {}
     figures: dict[str, dict[str, Figure]] = {}
     verdicts = []
     with tqdm(
         total=total, desc="audit", unit="step", disable=None if progress is None else not progress
     ) as bar:
-        for name, opts in policy["checks"].items():
+        for name, opts, gates in ordered:
+            spec, ctx = REGISTRY[name], Context(seed=seed, confidence=confidence, gates=gates)
             bar.set_postfix_str(name)
             t0 = time.time()
-            res: CheckResult = REGISTRY[name].run(inputs, cands, opts, seed, lambda: bar.update(1))
+            if spec.kind == "privacy" and too_few:
+                res = CheckResult(skipped=too_few)
+                bar.update(spec.steps(opts))
+            else:
+                res = spec.run(inputs, cands, opts, ctx, lambda: bar.update(1))
+            if res.skipped:
+                res.verdicts = spec.undecided(name, opts, f"The check did not run: {res.skipped}.", ctx)
             status = {"status": "skipped", "reason": res.skipped} if res.skipped else {"status": "ran"}
             checks[name] = {
                 **status,
-                "title": REGISTRY[name].title,
+                "title": spec.title,
+                "role": "verdict" if gates else "expectation",
                 "seconds": round(time.time() - t0, 2),
                 **res.result,
             }
             figures[name] = res.figures
             verdicts += res.verdicts
             log.info("audit check %s done in %.1f s", name, time.time() - t0)
+    status, reason = overall_status(verdicts)
     n = min(cands.sizes()["members"], cands.sizes()["non_members"])
-    warnings = (
-        [
-            f"Only {n} member and {n} non-member candidates: attack AUCs and disclosure rates are noisy at "
-            "this size (see the AUC intervals), and the presence rule (largest ε with precision > 55%) can "
-            "pick a large ε by chance."
-        ]
-        if n < FEW_CANDIDATES
-        else []
-    )
+    warnings = list(inputs.warnings)
+    if too_few:
+        warnings.append(f"The privacy checks did not run: {too_few}. Their thresholds are inconclusive.")
+    elif n < FEW_CANDIDATES:
+        warnings.append(
+            f"Only {n} member and {n} non-member candidates: the intervals of the attack AUCs and disclosure rates "
+            "are wide at this size, so only large effects can be decided (see each verdict's interval)."
+        )
     report = {
         "privacy": privacy_label(checks),
         "format_version": FORMAT_VERSION,
         "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "duration_s": round(time.time() - start, 2),
-        "passed": all(v.passed for v in verdicts),
+        "status": status,
+        "status_reason": reason,
+        "passed": status == "pass",  # format version 2's field: status == "pass"
+        "confidence": confidence,
+        "guarantee": guarantee(inputs.ledger),
         "verdicts": [v.to_dict() for v in verdicts],
+        "summary": [],
         "warnings": warnings,
         "policy": policy,
         "seed": seed,
@@ -212,31 +296,64 @@ def build_report(
         "versions": versions(),
         "checks": checks,
     }
-    return json_safe(report), figures
+    report = json_safe(report)
+    report["summary"] = summary_lines(report)
+    return report, figures
+
+
+def _interval(v: Mapping[str, Any]) -> str:
+    if v["interval"] is None:
+        return ""
+    lo, hi = v["interval"]
+    return f" ({v['confidence']:.0%} CI [{lo:.3g}, {hi:.3g}])"
+
+
+def summary_lines(report: Mapping[str, Any]) -> list[str]:
+    """One line per check: its status (``PASS``/``FAIL``/``INCONCLUSIVE``, ``SKIP`` for a skipped check without
+    thresholds, ``REPORT`` for one that only reports numbers), its name (``(expectation)`` for a utility
+    expectation) and its thresholds' values, intervals and limits (or why they were not decided)."""
+    lines = []
+    for name, check in report["checks"].items():
+        mine = [v for v in report["verdicts"] if v["check"] == name]
+        role = " (expectation)" if check.get("role") == "expectation" else ""
+        if not mine:
+            tag = "SKIP" if check["status"] == "skipped" else "REPORT"
+            why = check.get("reason") or "no threshold set; numbers only"
+            lines.append(f"{tag} {name}{role}: {why}")
+            continue
+        statuses = {v["status"] for v in mine}
+        tag = "FAIL" if "fail" in statuses else "INCONCLUSIVE" if "inconclusive" in statuses else "PASS"
+        parts = []
+        for v in mine:
+            if v["value"] is None:
+                parts.append(f"{v['description']}: {v['reason']}")
+            else:
+                mark = "" if len(mine) == 1 else f" [{v['status']}]"
+                parts.append(
+                    f"{v['description']} = {v['value']:.4g}{_interval(v)} {v['op']} {v['limit']:g}{mark}"
+                )
+        if check["status"] == "skipped":
+            parts = [f"did not run: {check['reason']}"]
+        lines.append(f"{tag} {name}{role}: " + "; ".join(parts))
+    return lines
 
 
 def write_report(
     report: dict[str, Any], figures: dict[str, dict[str, Figure]], out: str | Path
 ) -> dict[str, str]:
-    """Render and write ``report.html`` and ``report.json`` into ``out``, each atomically.
+    """Render ``report.html`` and ``report.json`` and write both into ``out`` as one unit
+    (:func:`audits.output.write_files`): a reader finds both files of one audit or neither. Both are private
+    (see ``report["privacy"]``).
 
-    Both are rendered in memory first; the JSON is written last, and if it fails the new HTML is removed, so
-    a reader finds both files of one audit or neither. Both files are private (see ``report["privacy"]``).
+    Raises:
+        OutputError: a file could not be written (nothing is left behind).
     """
     from audits.html import render_html
-    from lightning_dp.io import atomic_write_text
 
-    out = Path(out)
     html = render_html(report, figures)
     text = json.dumps(report, indent=1, allow_nan=False) + "\n"
-    paths = {"html": str(out / "report.html"), "json": str(out / "report.json")}
-    atomic_write_text(paths["html"], html)
-    try:
-        atomic_write_text(paths["json"], text)
-    except BaseException:
-        os.unlink(paths["html"])
-        raise
-    return paths
+    paths = write_files(out, {"report.html": html, "report.json": text})
+    return {"html": paths["report.html"], "json": paths["report.json"]}
 
 
 def run_audit(
@@ -252,16 +369,17 @@ def run_audit(
     label: str | None = None,
     progress: bool | None = None,
 ) -> tuple[dict[str, Any], dict[str, str]]:
-    """Everything ``python -m audits`` does: load the policy and inputs, run the checks, write the report
-    (private: computed from ``real`` and ``holdout``, not differentially private).
+    """Everything ``python -m audits`` does: load the policy, check ``out``, load the inputs, run the checks,
+    write the report (private: computed from ``real`` and ``holdout``, not differentially private).
 
     Returns:
         ``(report, paths)``.
 
     Raises:
-        PolicyError, InputError, CheckpointError, ValueError: bad input (nothing is written).
+        PolicyError, InputError, OutputError, CheckpointError, ValueError: bad input (nothing is written).
     """
     pol = load_policy(policy)  # first: a bad policy fails before any data are read
+    check_output_folder(out)  # then a bad --out, before any work
     seed = pol["seed"] if seed is None else seed
     inputs = load_inputs(
         synthetic, real=real, holdout=holdout, num_rows=num_rows, seed=seed, data_root=data_root, label=label
@@ -277,9 +395,9 @@ def audit_run(
     result: dict[str, Any],
     ledger: Any,
     config: dict[str, Any],
-) -> str | None:
-    """The audit at the end of ``train()``: the synthetic file just written against the data module's private
-    training rows (REAL) and holdout, into the run's ``output_dir``.
+) -> dict[str, Any] | None:
+    """The audit at the end of training: the synthetic file just written against the data module's private
+    training rows (REAL) and holdout, into the run's ``output_dir`` (``train.py`` calls it after ``train()``).
 
     Nothing is charged to ``ledger``: the report is not a DP release. It is private (computed from REAL and
     the holdout, not covered by the run's (ε, δ)) and labelled so; only the synthetic data, the checkpoint and
@@ -294,7 +412,12 @@ def audit_run(
         config: the resolved run config.
 
     Returns:
-        The path of ``report.html``, or None for image data (not audited here).
+        ``{"report": path of report.html, "json": path of report.json, "status": "pass" | "fail" |
+        "inconclusive", "reason": one sentence, "summary": one line per check ("PASS membership: ...")}``, or
+        None for image data (not audited here).
+
+    Raises:
+        PolicyError, InputError: a bad policy or data; OutputError: the report could not be written.
     """
     from omegaconf import DictConfig, OmegaConf
 
@@ -309,12 +432,15 @@ def audit_run(
     pol = load_policy(policy)
     seed = audit_cfg.get("seed")
     schema = datamodule.encoder.schema
+    warnings: list[str] = []
     frames, numeric = normalise(
         read_frame(result["synthetic"], "The synthetic data"),
         datamodule.train_frame,
         datamodule.holdout,
         schema=schema,
         label=schema.label,
+        kinds={"synthetic": "csv" if str(result["synthetic"]).endswith(".csv") else "parquet"},
+        warnings=warnings,
     )
     sources = {
         "synthetic": {
@@ -339,11 +465,24 @@ def audit_run(
         },
     }
     inputs = AuditInputs(
-        **frames, numeric=numeric, label=schema.label, sources=sources, ledger=ledger.to_dict(), config=config
+        **frames,
+        numeric=numeric,
+        label=schema.label,
+        sources=sources,
+        ledger=ledger.to_dict(),
+        config=config,
+        bounds=schema_bounds(schema),
+        warnings=warnings,
     )
     report, figures = build_report(inputs, pol, seed=seed)
     paths = write_report(report, figures, result["output_dir"])
-    failed = [f"{v['check']} {v['criterion']}" for v in report["verdicts"] if not v["passed"]]
-    verdict = "passed" if report["passed"] else f"FAILED ({', '.join(failed)})"
-    log.info("Audit %s: %s (private: computed from real rows, not DP)", verdict, paths["html"])
-    return paths["html"]
+    log.info(
+        "Audit %s: %s (private: computed from real rows, not DP)", report["status"].upper(), paths["html"]
+    )
+    return {
+        "report": paths["html"],
+        "json": paths["json"],
+        "status": report["status"],
+        "reason": report["status_reason"],
+        "summary": report["summary"],
+    }

@@ -237,12 +237,16 @@ class UtilityResult:
         summary: JSON-serialisable summary (task, averages, skipped and failed models, warnings).
         skipped: models not run because their library is missing.
         per_seed: long table of every seed's rows (only from :func:`tstr_over_seeds`).
+        predictions: per model, its predictions on the real test rows (``y_true``, ``prediction``, ``scores``),
+            under ``synthetic`` and ``real`` (the reference models); not serialised. They let a caller resample
+            the test rows (:func:`audits.resampling.utility_interval`) without refitting.
     """
 
     table: pd.DataFrame
     summary: dict[str, Any]
     skipped: list[str] = field(default_factory=list)
     per_seed: pd.DataFrame | None = None
+    predictions: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """Return summary and table as JSON-serialisable data (NaN becomes ``None``)."""
@@ -372,17 +376,30 @@ def _fit_and_score(
         if task == "binary" and pos_label in data["label_encoder"].classes_:
             pos_code = int(data["label_encoder"].transform([pos_label])[0])
             scores = _positive_scores(model, data["x_test"], pos_code)
+    data["predictions"][name] = {"prediction": prediction, "scores": scores}
     for category in sorted(
         {w.category.__name__ for w in caught if issubclass(w.category, ConvergenceWarning)}
     ):
         data["warnings"].append(f"{name}: {category} while fitting")
     if task == "regression":
-        return {
-            "r2": r2_score(data["y_test"], prediction),
-            "mse": mean_squared_error(data["y_test"], prediction),
-        }
+        return score_predictions(data["y_test"], prediction, task=task)
     y_pred = data["label_encoder"].inverse_transform(np.asarray(prediction, dtype=int))
-    return classification_metrics(data["y_test"], y_pred, task=task, pos_label=pos_label, scores=scores)
+    data["predictions"][name]["prediction"] = y_pred
+    return score_predictions(data["y_test"], y_pred, task=task, pos_label=pos_label, scores=scores)
+
+
+def score_predictions(
+    y_true: np.ndarray,
+    y_pred: np.ndarray,
+    *,
+    task: str,
+    pos_label: Any = None,
+    scores: np.ndarray | None = None,
+) -> dict[str, float]:
+    """The metrics of ``METRICS[task]`` of one model's predictions (regression: R² and MSE)."""
+    if task == "regression":
+        return {"r2": r2_score(y_true, y_pred), "mse": mean_squared_error(y_true, y_pred)}
+    return classification_metrics(y_true, y_pred, task=task, pos_label=pos_label, scores=scores)
 
 
 def _score_models(
@@ -410,6 +427,7 @@ def _score_models(
         "y_test": test[label].to_numpy(),
         "sample_weight": sample_weight,
         "warnings": [],
+        "predictions": {},
     }
     single_class = ""
     if task == "regression":
@@ -442,7 +460,12 @@ def _score_models(
         rows[name] = row
     table = pd.DataFrame.from_dict(rows, orient="index")
     table.index.name = "model"
-    return table, skipped, data["warnings"]
+    predictions = {
+        name: {**p, "y_true": data["y_test"]}
+        for name, p in data["predictions"].items()
+        if name in rows and not rows[name]["error"]
+    }
+    return table, skipped, data["warnings"], predictions
 
 
 def _label_warnings(synthetic: pd.Series, real: pd.Series) -> list[str]:
@@ -537,7 +560,7 @@ def tstr(
     )
     names = resolve_models(classifiers, task)
     common = {"label": label, "task": task, "categorical": categorical, "pos_label": pos_label, "seed": seed}
-    table, skipped, fit_notes = _score_models(
+    table, skipped, fit_notes, predictions = _score_models(
         names, frames["synthetic"], frames["real_test"], sample_weight=weights, **common
     )
     metrics = METRICS[task]
@@ -556,7 +579,9 @@ def tstr(
         "per_model": table[list(metrics)].to_dict(orient="index"),
     }
     if real_train is not None:
-        real_table, _, real_notes = _score_models(names, frames["real_train"], frames["real_test"], **common)
+        real_table, _, real_notes, real_predictions = _score_models(
+            names, frames["real_train"], frames["real_test"], **common
+        )
         real_table = real_table.rename(columns={c: f"real_{c}" for c in real_table.columns})
         table = table.join(real_table.drop(columns=["real_estimator", "real_fit_seconds"]))
         summary["real_average"] = _averages(table, metrics, prefix="real_")
@@ -564,7 +589,10 @@ def tstr(
     summary["skipped"] = skipped
     summary["failed"] = {n: e for n, e in table["error"].items() if e}
     summary["warnings"] = notes + fit_notes
-    return UtilityResult(table=table, summary=json_safe(summary), skipped=list(skipped))
+    predictions = {"synthetic": predictions, **({"real": real_predictions} if real_train is not None else {})}
+    return UtilityResult(
+        table=table, summary=json_safe(summary), skipped=list(skipped), predictions=predictions
+    )
 
 
 def tstr_over_seeds(

@@ -22,7 +22,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 ONE_SHOT = ["trainer.enable_progress_bar=false"]
-DP_SGD = ["model=dp_gan", "data.batch_size=64", "model.module.batch_size=64", "trainer.max_epochs=300",
+DP_SGD = ["model=dp_gan", "data.batch_size=64", "model.module.batch_size=64", "trainer.max_epochs=60",
           "trainer.enable_progress_bar=false", "callbacks.checkpoint.every_n_steps=20"]
 
 

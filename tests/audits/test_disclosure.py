@@ -5,8 +5,9 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
+from scipy.stats import binom
 
-from audits.disclosure import attribute_disclosure, presence_curve, presence_disclosure
+from audits.disclosure import attribute_disclosure, presence_curve, presence_disclosure, presence_star
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -14,17 +15,17 @@ pytestmark = pytest.mark.usefixtures("single_thread")
 # 1-D toy (already numeric, so no encoder): synthetic {0, 10}
 #   members      0.1, 3.0, 10.5  -> DCR 0.1, 3.0, 0.5
 #   non-members  1.0, 6.0, 20.0  -> DCR 1.0, 4.0, 10.0
-# ε      TP FP  sensitivity  precision
+# r      TP FP  sensitivity  precision
 # 0.2     1  0      1/3        1
 # 0.6     2  0      2/3        1
 # 1.5     2  1      2/3        2/3
 # 3.5     3  1      1          3/4
-# 5.0     3  2      1          3/5   <- largest ε with precision > 0.55
+# 5.0     3  2      1          3/5   <- largest r with precision > 0.55
 # baseline S_base = {3.25}: member DCR 3.15, 0.25, 7.25; non-member DCR 2.25, 2.75, 16.75
-# ε      TP FP  sensitivity  precision
+# r      TP FP  sensitivity  precision
 # 0.2     0  0      0          NaN (nothing flagged)
 # 0.6     1  0      1/3        1
-# 1.5     1  0      1/3        1     <- ε* of the baseline
+# 1.5     1  0      1/3        1     <- r* of the baseline
 # 3.5     2  2      2/3        1/2
 # 5.0     2  2      2/3        1/2
 SYN = np.array([[0.0], [10.0]])
@@ -38,31 +39,31 @@ def test_presence_sweep_by_hand():
     np.testing.assert_allclose(res["sensitivity"], [1 / 3, 2 / 3, 2 / 3, 1, 1])
     np.testing.assert_allclose(res["precision"], [1, 1, 2 / 3, 3 / 4, 3 / 5])
     assert res["n_flagged"] == [1, 2, 3, 4, 5]
-    assert res["epsilon_star"] == 5.0
-    assert res["sensitivity_at_epsilon_star"] == 1.0
-    assert res["precision_at_epsilon_star"] == pytest.approx(0.6)
+    assert res["r_star"] == 5.0
+    assert res["sensitivity_at_r_star"] == 1.0
+    assert res["precision_at_r_star"] == pytest.approx(0.6)
     base = res["baseline"]
     np.testing.assert_allclose(base["sensitivity"], [0, 1 / 3, 1 / 3, 2 / 3, 2 / 3])
     np.testing.assert_allclose(base["precision"], [np.nan, 1, 1, 1 / 2, 1 / 2])
-    assert base["epsilon_star"] == 1.5
+    assert base["r_star"] == 1.5
     assert res["risk_above_baseline"]["sensitivity"] == pytest.approx(1 - 1 / 3)
     assert res["risk_above_baseline"]["precision"] == pytest.approx(0.6 - 1.0)
     json.dumps(res)  # report-ready
 
 
 def test_presence_default_sweep_is_every_observed_distance():
-    # distances 0.1, 0.5, 1.0, 3.0, 4.0, 10.0: precision 1, 1, 2/3, 3/4, 3/5, 1/2 -> ε* = 4.0
+    # distances 0.1, 0.5, 1.0, 3.0, 4.0, 10.0: precision 1, 1, 2/3, 3/4, 3/5, 1/2 -> r* = 4.0
     res = presence_disclosure(SYN, MEM, NON)
     np.testing.assert_allclose(res["thresholds"], [0.1, 0.5, 1.0, 3.0, 4.0, 10.0])
     np.testing.assert_allclose(res["precision"], [1, 1, 2 / 3, 3 / 4, 3 / 5, 1 / 2])
-    assert res["epsilon_star"] == 4.0 and res["baseline"] is None
+    assert res["r_star"] == 4.0 and res["baseline"] is None
 
 
 def test_presence_no_threshold_reaches_the_precision_target():
     curve = presence_curve(np.array([5.0]), np.array([1.0]), np.array([0.5, 2.0, 6.0]))
     assert np.isnan(curve["precision"][0]) and curve["precision"][1:] == [0.0, 0.5]
     res = presence_disclosure(np.array([[0.0]]), np.array([[5.0]]), np.array([[1.0]]))
-    assert res["epsilon_star"] is None and res["sensitivity_at_epsilon_star"] == 0.0
+    assert res["r_star"] is None and res["sensitivity_at_r_star"] == 0.0
 
 
 def test_presence_on_dataframes_uses_the_encoder():
@@ -71,10 +72,10 @@ def test_presence_on_dataframes_uses_the_encoder():
     syn = mem.copy()  # memorised: members at DCR 0
     # x is z-scored over the 4 candidates (mean 1.5, std √1.25), a category mismatch costs √2:
     # n1 = (2, a) is closest to (1, b): √(1/1.25 + 2) = √2.8; n2 = (3, b) to (1, b): 2/√1.25 = √3.2
-    # ε = 0: precision 1; ε = √2.8: 2/3 > 0.55; ε = √3.2: 1/2  ->  ε* = √2.8, sensitivity 1
+    # r = 0: precision 1; r = √2.8: 2/3 > 0.55; r = √3.2: 1/2  ->  r* = √2.8, sensitivity 1
     res = presence_disclosure(syn, mem, non)
     np.testing.assert_allclose(res["thresholds"], [0.0, np.sqrt(2.8), np.sqrt(3.2)])
-    assert res["epsilon_star"] == pytest.approx(np.sqrt(2.8)) and res["sensitivity_at_epsilon_star"] == 1.0
+    assert res["r_star"] == pytest.approx(np.sqrt(2.8)) and res["sensitivity_at_r_star"] == 1.0
     with pytest.raises(ValueError, match=r"missing \['c'\]"):
         presence_disclosure(syn[["x"]], mem, non)
 
@@ -159,3 +160,36 @@ def test_attribute_disclosure_validates_columns():
         attribute_disclosure(SYNTHETIC, MEMBERS, known_columns=list(MEMBERS.columns), numeric_columns=[])
     with pytest.raises(ValueError, match="tolerance_mode"):
         attribute_disclosure(SYNTHETIC, MEMBERS, **KW, tolerance_mode="absolute")
+
+
+# ------------------------------------------------------------------------------------- confident r*
+def test_the_confident_rule_needs_precision_above_target_with_confidence():
+    # 8 members very close (0.1 .. 0.8); then 20 members at 10, 11, ... and 28 non-members at 10.5, 11.5, ...
+    # Point rule: precision stays above 0.55 out to r = 31.5, where all 28 members and 22 non-members are flagged
+    # (28/50 = 0.56): sensitivity 1, although beyond r = 0.8 members and non-members simply alternate.
+    # Confident rule (95%): P(Binomial(flagged, 0.55) >= TP) < 0.025. At r = 11: 10 members of 11 flagged,
+    # P(X >= 10 | 11) = 0.014: yes. At r = 12: 11 of 13, P = 0.035: no, nor anywhere beyond.
+    d_in = np.r_[np.arange(1, 9) / 10, 10 + np.arange(20.0)]
+    d_out = 10.5 + np.arange(28.0)
+    assert presence_star(d_in, d_out, 0.55) == pytest.approx((31.5, 1.0, 0.56))
+    assert presence_star(d_in, d_out, 0.55, confidence=0.95) == pytest.approx((11.0, 10 / 28, 10 / 11))
+    assert binom.sf(9, 11, 0.55) < 0.025 < binom.sf(10, 13, 0.55)
+    # 4 of 4 close members are not enough evidence (0.55^4 = 0.09 > 0.025): no confident r*, sensitivity 0
+    few_in, few_out = np.r_[0.1, 0.2, 0.3, 0.4, 5.0], np.r_[5.0, 6.0, 7.0, 8.0, 9.0]
+    assert presence_star(few_in, few_out, 0.55, 0.95) == (None, 0.0, None)
+    assert presence_star(few_in, few_out, 0.55) == pytest.approx((8.0, 1.0, 5 / 9))  # point rule: 5 of 9
+
+
+def test_presence_and_attribute_hand_back_what_the_intervals_resample():
+    distances: dict = {}
+    res = presence_disclosure(SYN, MEM, NON, baseline=np.array([[3.25]]), distances=distances)
+    np.testing.assert_allclose(distances["synthetic"][0], [0.1, 3.0, 0.5])
+    np.testing.assert_allclose(distances["baseline"][1], [2.25, 2.75, 16.75])
+    assert res["confident_r_star"] is None and res["risk_above_baseline"]["confident_sensitivity"] == 0.0
+    per_member: dict = {}
+    attribute_disclosure(
+        SYNTHETIC, MEMBERS, **KW, non_members=NON_MEMBERS, baseline=BASELINE, k=1, per_member=per_member
+    )
+    np.testing.assert_array_equal(per_member["synthetic"][0], [2, 1, 1])  # see the k = 1 example above
+    np.testing.assert_array_equal(per_member["baseline"][0], [0, 1, 1])
+    np.testing.assert_array_equal(per_member["synthetic"][1], [2, 2, 2])

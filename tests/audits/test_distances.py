@@ -120,3 +120,22 @@ def test_encoder_column_mismatch_names_columns():
         TabularEncoder().transform(pd.DataFrame({"a": [1.0]}))
     with pytest.raises(ValueError, match="scaling"):
         TabularEncoder(scaling="robust")
+
+
+def test_encoder_places_two_hundred_one_hot_columns_correctly():
+    # 100 + 100 categories: the second column's one-hot block starts at 100 and ends at 199. pandas keeps the
+    # category codes in int8 (below 128 categories), so start + code wrapped around past column 127 and wrote
+    # the ones into the wrong columns
+    a, b = [f"a{i:03d}" for i in range(100)], [f"b{i:03d}" for i in range(100)]
+    frame = pd.DataFrame({"a": a, "b": b[::-1]})
+    x = TabularEncoder().fit_transform(frame)
+    assert x.shape == (100, 200) and (x.sum(1) == 2).all() and (x.sum(0) == 1).all()
+    np.testing.assert_array_equal(x[:, :100].argmax(1), np.arange(100))
+    np.testing.assert_array_equal(x[:, 100:].argmax(1), np.arange(100)[::-1])
+
+
+def test_encoder_standard_scaling_survives_a_value_near_the_float_limit():
+    ref = pd.DataFrame({"a": [1.0, 2.0, 3.0, 1e308]})
+    x = TabularEncoder(scaling="standard").fit_transform(ref)
+    assert np.isfinite(x).all()  # the std no longer overflows to inf (which left the column unscaled)
+    assert x[3, 0] == pytest.approx(np.sqrt(3)) and np.abs(x[:3, 0] + 1 / np.sqrt(3)).max() < 1e-9

@@ -125,3 +125,23 @@ def test_errors():
         mmd_permutation_test(x, x, alpha=0.0)
     with pytest.raises(ValueError, match="equal width"):
         mmd_permutation_test(x, np.zeros((10, 3)))
+
+
+def test_robust_standardise_is_not_moved_by_one_extreme_cell():
+    from audits.lmdp import robust_standardise
+
+    rng = np.random.default_rng(0)
+    real = rng.normal(10.0, 2.0, size=(400, 1))
+    synthetic = rng.normal(12.0, 2.0, size=(300, 1))
+    base_r, base_s = robust_standardise(real, synthetic, [None])
+    real[7, 0] = 1e308
+    r, s = robust_standardise(real, synthetic, [None])
+    inside = base_s[:, 0] < base_s.max()  # synthetic values not clipped to REAL's 99.5% quantile
+    np.testing.assert_allclose(s[inside], base_s[inside], atol=0.01)  # a median and an IQR barely move
+    assert r[7, 0] == pytest.approx(r.max()) and r.max() < 4  # the cell is clipped to REAL's 99.5% quantile
+    assert mmd_permutation_test(r, s, n_permutations=100, seed=0).reject  # the shift is still detected
+    # public bounds, where the schema has them, clip instead of REAL's quantiles
+    r, s = robust_standardise(real, synthetic, [(0.0, 11.0)])
+    clipped = np.clip(real[:, 0], 0.0, 11.0)
+    q1, median, q3 = np.quantile(clipped, [0.25, 0.5, 0.75])
+    assert r.max() == s.max() == pytest.approx((11.0 - median) / ((q3 - q1) / 1.349))

@@ -7,7 +7,16 @@ import pytest
 from scipy.stats import gaussian_kde
 from sklearn.metrics import roc_auc_score
 
-from audits.membership import ATTACKS, evaluate_scores, gaussian_kde_logpdf, roc_auc, run_attack, tpr_at_fpr
+from audits.membership import (
+    ATTACKS,
+    evaluate_scores,
+    gaussian_kde_logpdf,
+    roc_auc,
+    run_attack,
+    tpr_at_fpr,
+    tpr_estimable,
+)
+from audits.verdicts import delong_auc
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -141,3 +150,28 @@ def test_kde_matches_scipy_gaussian_kde():
         want = gaussian_kde(data.T, bw_method=rule)
         np.testing.assert_allclose(got, want.logpdf(points.T), rtol=1e-10)
         assert h == pytest.approx(want.factor)
+
+
+def test_tpr_at_low_fpr_is_refused_with_too_few_non_members():
+    # 57 non-members: the FPR can only be 0 or >= 1/57, so neither 0.1% nor 1% FPR can be read (needs 1,000
+    # and 100 non-members); with 150 the 1% point can (one false positive allowed), 0.1% still not
+    rng = np.random.default_rng(0)
+    for n_neg, estimable in ((57, {0.001: False, 0.01: False}), (150, {0.001: False, 0.01: True})):
+        labels = np.r_[np.ones(60, dtype=int), np.zeros(n_neg, dtype=int)]
+        res = evaluate_scores("x", rng.normal(size=60 + n_neg) + labels, labels, n_bootstrap=50)
+        assert {f: res.tpr_at_fpr[f] is not None for f in (0.001, 0.01)} == estimable
+        assert {f: res.tpr_at_fpr_ci[f] is not None for f in (0.001, 0.01)} == estimable
+        note = res.to_dict()["tpr_at_fpr_note"]
+        assert (
+            note.startswith("not estimable at FPR 0.001") and f"{n_neg} non-members cannot resolve it" in note
+        )
+    assert tpr_estimable(0.01, 100) and not tpr_estimable(0.01, 99)
+
+
+def test_auc_carries_delong_interval():
+    rng = np.random.default_rng(1)
+    labels = np.r_[np.ones(100, dtype=int), np.zeros(100, dtype=int)]
+    res = evaluate_scores("x", rng.normal(size=200) + labels, labels, n_bootstrap=50)
+    d = delong_auc(np.asarray(res.scores), labels)
+    assert res.auc == pytest.approx(d["auc"]) and res.auc_se == pytest.approx(d["se"])
+    assert res.auc_delong_ci == pytest.approx((d["lo"], d["hi"])) and d["lo"] < res.auc < d["hi"]

@@ -1,5 +1,6 @@
-"""The audit report: ``train ... audit=default``, ``python -m audits`` on a checkpoint and on files, exit codes,
-bad input (clear error, nothing written), the policy format, and a self-contained HTML page."""
+"""The audit report: ``train ... audit=default`` (``audit_run``), ``python -m audits`` on a checkpoint and on files,
+exit codes, bad input (clear error, nothing written), the policy format, and a self-contained HTML page. The
+many ways input can be bad are in test_bad_input.py."""
 
 import hashlib
 import html
@@ -9,16 +10,19 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
 import yaml
 
-from audits.__main__ import main
+from audits import utility
+from audits.__main__ import EXIT_CODES, main
 from audits.checks import REGISTRY
-from audits.html import PRIVATE_BANNER
-from audits.policy import CHECKS, PolicyError, load_policy
-from audits.report import FROM_REAL_ROWS
+from audits.html import CAPTIONS, PRIVATE_BANNER
+from audits.policy import CHECKS, METRIC_NAMES, MODEL_NAMES, PRESET_NAMES, PolicyError, load_policy
+from audits.report import FROM_REAL_ROWS, audit_run
+from audits.verdicts import overall_status
 from lightning_dp.data.datamodule import PrivateDataModule
 from lightning_dp.privacy.ledger import PrivacyLedger
 from lightning_dp.privacy.mechanisms import noise_generator
@@ -26,19 +30,34 @@ from lightning_dp.train import train
 from tests.conftest import ROOT, make_cfg
 
 SECTIONS = ("verdicts", "inputs", "ledger", *CHECKS, "run")
+STATUSES = {"pass", "fail", "inconclusive"}
 FAST = {"checks": {"membership": {"attacks": ["dcr"], "max_auc": 1.0}}}  # one quick check that passes
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    """A tiny DP-MERF run on breast cancer with the audit at the end, and the run's rows as CSV files."""
+    """A tiny DP-MERF run on breast cancer audited as ``train.py audit=default`` does (``audit_run`` after
+    ``train``), and the run's rows as CSV files."""
     out = tmp_path_factory.mktemp("run")
-    result = train(make_cfg(out, "privacy.noise_seed=0", "audit=default"))
+    cfg = make_cfg(out, "privacy.noise_seed=0", "audit=default")
+    result = train(cfg)
+    result["audit"] = audit_run(
+        cfg.audit,
+        datamodule=result["datamodule"],
+        result=result,
+        ledger=result["privacy_ledger"],
+        config=result["config"],
+    )
     dm = PrivateDataModule(name="breast_cancer")
     dm.prepare(PrivacyLedger(target_epsilon=1.0, delta=1e-5), generator=noise_generator(0))
     dm.train_frame.to_csv(out / "real.csv", index=False)
     dm.holdout.to_csv(out / "holdout.csv", index=False)
     return result, out
+
+
+def _check_status(report: dict, name: str) -> str:
+    statuses = {v["status"] for v in report["verdicts"] if v["check"] == name}
+    return "fail" if "fail" in statuses else "inconclusive" if "inconclusive" in statuses else "pass"
 
 
 def _policy(tmp_path: Path, policy: dict) -> str:
@@ -47,20 +66,22 @@ def _policy(tmp_path: Path, policy: dict) -> str:
     return str(path)
 
 
-def _cli(run, tmp_path: Path, *extra: str, synthetic: str | None = None) -> tuple[int, Path]:
+def _cli_args(run, tmp_path: Path, *extra: str, synthetic: str | None = None) -> list[str]:
     result, out = run
-    dest = tmp_path / "audit"
-    argv = [
+    return [
         synthetic or result["synthetic"],
         "--real",
         str(out / "real.csv"),
         "--holdout",
         str(out / "holdout.csv"),
         "--out",
-        str(dest),
+        str(tmp_path / "audit"),
         *extra,
     ]
-    return main(argv), dest
+
+
+def _cli(run, tmp_path: Path, *extra: str, synthetic: str | None = None) -> tuple[int, Path]:
+    return main(_cli_args(run, tmp_path, *extra, synthetic=synthetic)), tmp_path / "audit"
 
 
 def _no_report(dest: Path) -> bool:
@@ -69,13 +90,32 @@ def _no_report(dest: Path) -> bool:
 
 def test_train_with_audit_writes_both_report_files(run):
     result, out = run
-    assert result["report"] == str(out / "report.html")
+    audit = result["audit"]
+    assert set(audit) == {"report", "json", "status", "reason", "summary"}
+    assert audit["report"] == str(out / "report.html") and audit["json"] == str(out / "report.json")
     report = json.loads((out / "report.json").read_text())
     assert set(report["checks"]) == set(CHECKS) and all(
         c["status"] == "ran" for c in report["checks"].values()
     )
-    assert report["passed"] == all(v["passed"] for v in report["verdicts"])
+    assert audit["status"] == report["status"] in STATUSES and audit["summary"] == report["summary"]
+    assert (report["status"], report["status_reason"]) == overall_status(report["verdicts"])
     assert len(report["verdicts"]) == 9  # 3 attacks, 2 disclosures, α-LMDP, utility, 2 fidelity thresholds
+    # the 6 privacy thresholds decide; utility and fidelity are expectations (reported, never deciding)
+    assert [v["gates"] for v in report["verdicts"]] == [True] * 6 + [False] * 3
+    for v in report["verdicts"]:
+        assert v["status"] in STATUSES and v["confidence"] == 0.95 and v["reason"].endswith(".")
+        assert v["interval"] is None or v["interval"][0] <= v["interval"][1]
+    # one line per check, starting with its status
+    assert [line.split(" ")[:2] for line in audit["summary"]][:1] == [
+        [
+            {"pass": "PASS", "fail": "FAIL", "inconclusive": "INCONCLUSIVE"}[
+                _check_status(report, "membership")
+            ],
+            "membership:",
+        ]
+    ]
+    assert len(audit["summary"]) == len(CHECKS)
+    assert audit["summary"][-1].startswith(("PASS fidelity (expectation):", "FAIL fidelity (expectation):"))
     ledger = json.loads((out / "ledger.json").read_text())
     assert (
         report["ledger"]["releases"] == ledger["releases"]
@@ -84,7 +124,9 @@ def test_train_with_audit_writes_both_report_files(run):
     assert report["config"]["privacy"]["noise_seed"] == 0
     synthetic = report["inputs"]["synthetic"]
     assert synthetic["sha256"] == hashlib.sha256(Path(result["synthetic"]).read_bytes()).hexdigest()
-    assert report["inputs"]["real"]["rows"] == 458 and report["inputs"]["holdout"]["rows"] == 111  # keyed-hash split
+    assert (
+        report["inputs"]["real"]["rows"] == 458 and report["inputs"]["holdout"]["rows"] == 111
+    )  # keyed-hash split
     assert report["candidates"] == {"members": 55, "non_members": 55, "reference": 56}
     assert {"torch", "pytorch-lightning", "scikit-learn"} <= set(report["versions"])
     assert report["checks"]["utility"]["summary"]["label"] == "diagnosis"
@@ -106,6 +148,44 @@ def test_html_is_self_contained_and_has_every_section(run):
     for section in SECTIONS:
         assert f'id="{section}"' in page and f'href="#{section}"' in page, section
     assert "dp_merf/embedding/class_counts" in page  # the ledger table
+
+
+def test_html_says_what_the_numbers_mean(run):
+    _, out = run
+    page = html.unescape((out / "report.html").read_text())
+    report = json.loads((out / "report.json").read_text())
+    eps = report["ledger"]["epsilon"]
+    # near the top, after the private banner: what (ε, δ) guarantees, and that the audit is evidence, not proof
+    guarantee = page.index("What this run guarantees.")
+    assert page.index(PRIVATE_BANNER) < guarantee < page.index('id="verdicts"')
+    assert (
+        "For any one person, whether their row was in the training data changes the probability of any output "
+        f"of this run (the synthetic data, the checkpoint) by at most a factor e^ε = {np.exp(eps):.3g} "
+        f"(ε = {eps:.4g}), except with probability δ = 1e-05." in page
+    )
+    assert "This audit is empirical evidence about one release, not a proof" in page
+    # α-LMDP: passing means the test detected a difference
+    assert "PASS here means the test detected a difference" in page
+    # ε is the privacy budget only: the presence threshold is the distance threshold r
+    presence = page[page.index('id="presence_disclosure"') : page.index('id="attribute_disclosure"')]
+    assert "distance threshold r" in presence and "ε" not in presence
+    captions = " ".join(CAPTIONS.values())
+    assert "distance threshold r" in captions and "ε" not in captions
+    # negative risk above baseline, and the ledger's composition
+    assert (
+        page.count(
+            "A negative risk above baseline means the attack did worse with the synthetic data than with "
+            "held-out real rows: no evidence of disclosure."
+        )
+        == 2
+    )
+    ledger = page[page.index('id="ledger"') :]
+    assert "releases compose in Rényi DP (Mironov 2017), so the total ε" in ledger
+    assert "is less than the sum of the per-release ε" in ledger
+    # every verdict with its status, interval and reason; utility expectations apart
+    assert "Utility expectations" in page and "do not change the privacy verdict" in page
+    for v in report["verdicts"]:
+        assert v["reason"] in page
 
 
 def test_report_json_opens_with_its_privacy_label(run):
@@ -183,7 +263,9 @@ def test_cli_on_a_checkpoint_samples_it_and_reports_its_ledger(run, tmp_path):
         ]
     )
     report = json.loads((dest / "report.json").read_text())
-    assert code == 0 and report["passed"] and report["verdicts"] == []  # defaults only: report, no thresholds
+    # defaults only: numbers, no thresholds. Nothing was decided, so the policy is inconclusive (exit 4), not a
+    # pass: a pass needs at least one threshold passed with confidence
+    assert code == 4 and report["status"] == "inconclusive" and report["verdicts"] == []
     assert list(report["privacy"]["from_real_rows"]) == [
         "inputs",
         "candidates",
@@ -206,13 +288,26 @@ def test_cli_on_a_checkpoint_samples_it_and_reports_its_ledger(run, tmp_path):
     assert report["inputs"]["real"]["rows"] == 458  # the run's split, from its config
 
 
-@pytest.mark.parametrize("max_auc,code", [(1.0, 0), (0.01, 1)])
-def test_exit_code_says_whether_the_policy_passed(run, tmp_path, max_auc, code):
-    policy = {"checks": {"membership": {"attacks": ["dcr"], "max_auc": max_auc}}}
+@pytest.mark.parametrize("max_auc,code", [(1.0, 0), (0.01, 1), ("value", 4)])
+def test_exit_code_says_whether_the_policy_passed(run, tmp_path, capsys, max_auc, code):
+    policy = {"checks": {"membership": {"attacks": ["dcr"], "max_auc": 1.0}}}
+    if max_auc == "value":  # the limit at the AUC itself lies inside its interval: inconclusive
+        main([*_cli_args(run, tmp_path / "first"), "--policy", _policy(tmp_path, policy)])
+        max_auc = json.loads((tmp_path / "first" / "audit" / "report.json").read_text())["verdicts"][0][
+            "value"
+        ]
+        capsys.readouterr()
+    policy["checks"]["membership"]["max_auc"] = max_auc
     got, dest = _cli(run, tmp_path, "--policy", _policy(tmp_path, policy))
     report = json.loads((dest / "report.json").read_text())
-    assert got == code and report["passed"] == (code == 0)
+    status = {0: "pass", 1: "fail", 4: "inconclusive"}[code]
+    assert got == code == EXIT_CODES[report["status"]] and report["status"] == status
+    assert report["passed"] == (code == 0)  # format 2's field, kept
     assert [v["criterion"] for v in report["verdicts"]] == ["max_auc"]
+    out = capsys.readouterr().out
+    assert f"policy {status.upper()}: " in out and out.startswith(
+        f"{status.upper()} membership: dcr attack ROC-AUC"
+    )
 
 
 def _renamed(run, tmp_path):
@@ -304,24 +399,46 @@ def test_python_m_audits_in_a_new_process(run, tmp_path):
     )
     assert proc.returncode == 2, proc.stderr
     assert "unknown option(s) ['max_acu']; valid: attacks, n_bootstrap, max_auc" in proc.stderr
+    assert "Traceback" not in proc.stderr
 
 
 def test_policy_defaults_and_forms():
     default = load_policy()
-    assert list(default["checks"]) == list(CHECKS) and default["max_candidates"] == 1000
+    # privacy checks decide the verdict; utility and fidelity are utility expectations (see the YAML's comments)
+    assert list(default["checks"]) == [
+        "membership",
+        "presence_disclosure",
+        "attribute_disclosure",
+        "lmdp_mmd",
+    ]
+    assert list(default["expectations"]) == ["utility", "fidelity"]
+    assert default["max_candidates"] == 1000 and default["confidence"] == 0.95
     assert default["checks"]["membership"] == {
         "attacks": ["dcr", "dcr_ratio", "domias"],
         "n_bootstrap": 200,
-        "max_auc": 0.6,
+        "max_auc": 0.7,
     }
     assert (
-        default["checks"]["utility"]["metric"] == "roc_auc"
-        and default["checks"]["utility"]["min_score"] == 0.6
+        default["expectations"]["utility"]["metric"] == "roc_auc"
+        and default["expectations"]["utility"]["min_score"] == 0.6
     )
+    assert default["expectations"]["fidelity"]["max_mean_ks"] == 0.3
     listed = load_policy({"checks": ["fidelity", "membership"]})
     assert list(listed["checks"]) == ["membership", "fidelity"]  # the report's order, not the policy's
-    assert listed["checks"]["fidelity"]["max_mean_tv"] is None
-    with pytest.raises(PolicyError, match="max_auc must be a number"):
+    assert listed["checks"]["fidelity"]["max_mean_tv"] is None and listed["expectations"] == {}
+    with pytest.raises(PolicyError, match=r"\['utility'\] listed both under 'checks' and 'expectations'"):
+        load_policy({"checks": ["utility"], "expectations": ["utility"]})
+    with pytest.raises(
+        PolicyError, match="unknown; valid metrics: accuracy, f1_macro, f1_weighted, mse, prc"
+    ):
+        load_policy({"checks": {"utility": {"metric": "auroc", "min_score": 0.6}}})
+    with pytest.raises(PolicyError, match="n_permutations must be >= 72 for α = 0.05 at confidence 0.95"):
+        load_policy({"checks": {"lmdp_mmd": {"n_permutations": 50}}})
+    with pytest.raises(PolicyError, match="max_candidates must be >= 25"):
+        load_policy({"checks": ["membership"], "max_candidates": 10})
+    with pytest.raises(
+        PolicyError, match="max_auc must be a finite number"
+    ):  # finite: .inf or .nan decide nothing
         load_policy({"checks": {"membership": {"max_auc": "low"}}})
     with pytest.raises(PolicyError, match="unknown top-level key"):
         load_policy({"checks": ["membership"], "sed": 1})
@@ -329,11 +446,19 @@ def test_policy_defaults_and_forms():
         load_policy({"checks": {"lmdp_mmd": {"alpha": 1.5}}})
 
 
+def test_policy_names_match_the_utility_registry():
+    assert set(METRIC_NAMES) == {m for names in utility.METRICS.values() for m in names}
+    assert set(MODEL_NAMES) == set(utility.CLASSIFIERS) | set(utility.REGRESSORS)
+    assert set(PRESET_NAMES) == set(utility.PRESETS) | set(utility.REGRESSION_PRESETS)
+
+
 def test_files_without_a_schema_infer_types_and_skip_utility_without_a_label(run, tmp_path):
-    policy = _policy(tmp_path, {"checks": {"lmdp_mmd": {"n_permutations": 50}, "utility": {"min_roc": 0.5}}})
+    policy = _policy(tmp_path, {"checks": {"lmdp_mmd": {"n_permutations": 100}, "utility": {"min_roc": 0.5}}})
     code, dest = _cli(run, tmp_path, "--policy", policy)
     report = json.loads((dest / "report.json").read_text())
-    assert code == (0 if report["passed"] else 1) and report["ledger"] is None and report["config"] is None
+    # utility is skipped (no label) but sets a threshold: that threshold is inconclusive, and so is the policy
+    assert code == 4 and report["status"] == "inconclusive"
+    assert report["ledger"] is None and report["config"] is None
     assert report["columns"]["categorical"] == ["diagnosis"] and len(report["columns"]["numeric"]) == 30
     assert (
         report["checks"]["utility"]["status"] == "skipped"
@@ -342,9 +467,14 @@ def test_files_without_a_schema_infer_types_and_skip_utility_without_a_label(run
     assert "checks.utility" not in report["privacy"]["from_real_rows"]  # skipped: nothing of it in the report
     assert "classifiers trained on" not in report["privacy"]["statement"]
     assert report["checks"]["lmdp_mmd"]["columns"] == report["columns"]["numeric"]
-    assert [v["check"] for v in report["verdicts"]] == ["lmdp_mmd"]
+    assert [(v["check"], v["status"]) for v in report["verdicts"]][1:] == [("utility", "inconclusive")]
+    assert (
+        report["verdicts"][1]["reason"]
+        == "The check did not run: no label: name it in utility.label, pass --label, or use a checkpoint."
+    )
     code, dest = _cli(run, tmp_path / "labelled", "--policy", policy, "--label", "diagnosis")
     report = json.loads((dest / "report.json").read_text())
+    assert code == EXIT_CODES[report["status"]]
     assert (
         report["checks"]["utility"]["status"] == "ran" and report["checks"]["utility"]["metric"] == "roc_auc"
     )
