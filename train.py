@@ -51,8 +51,8 @@ def run(cfg: DictConfig, overrides: list[str] | None = None) -> tuple[dict, int]
         audit = audit_run(cfg.audit, datamodule=result["datamodule"], result=result, ledger=result["privacy_ledger"],
                           config=result["config"])
         audit = audit if isinstance(audit, dict) else {"report": audit, "status": "pass", "summary": []}
-        result["report"], result["audit_status"], result["audit_summary"] = (
-            audit["report"], audit["status"], audit.get("summary", []))
+        result["report"], result["audit_status"], result["audit_summary"], result["audit_reason"] = (
+            audit["report"], audit["status"], audit.get("summary", []), audit.get("reason", ""))
         code = {"pass": 0, "fail": 1, "inconclusive": 4}[audit["status"]]
     return result, code
 
@@ -85,7 +85,8 @@ def main(cfg: DictConfig) -> None:
         print(f"  audit      : {result['report']} (private: computed from real rows, not DP)")
         for line in result["audit_summary"]:
             print(f"    {line}")
-        print(f"  verdict    : {result['audit_status'].upper()}")
+        print(f"  verdict    : {result['audit_status'].upper()}"
+              + (f" ({result['audit_reason']})" if result.get("audit_reason") else ""))
     sys.exit(code)
 
 
