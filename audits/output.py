@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from lightning_dp.errors import UserError
+from lightning_dp.io import fsync_dir
 
 MIN_FREE_BYTES = 32 * 2**20  # a report with its figures is a few MB at most
 
@@ -95,7 +96,7 @@ def write_files(folder: str | Path, texts: Mapping[str, str]) -> dict[str, str]:
                 os.fsync(f.fileno())
         for name, tmp in temps.items():
             os.replace(tmp, folder / name)
-        _fsync_dir(folder)
+        fsync_dir(folder)
     except OSError as err:
         for tmp in temps.values():
             if os.path.exists(tmp):
@@ -107,17 +108,3 @@ def write_files(folder: str | Path, texts: Mapping[str, str]) -> dict[str, str]:
             "another --out; no report file was written."
         ) from err
     return {name: str(folder / name) for name in texts}
-
-
-def _fsync_dir(folder: Path) -> None:
-    """Make the renames in ``folder`` durable (POSIX); a no-op where folders cannot be opened."""
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)

@@ -53,14 +53,19 @@ def flips(statuses: list[str]) -> int:
 
 
 def table(runs: list[dict]) -> str:
-    """Counts of pass / fail / inconclusive per threshold and overall, pass-fail flips, median value and bounds."""
+    """Counts of pass / fail / inconclusive per threshold and overall, pass-fail flips, the median value and
+    interval, and the worst bound over the runs (the largest upper bound of a ``≤`` limit, the smallest lower
+    bound of a ``≥`` one): how far the closest run stayed from inconclusive."""
     rows: dict[str, list[dict]] = {}
     for run in runs:
         for v in run["report"]["verdicts"]:
             attack = f" ({v['description'].split(' ')[0]})" if v["check"] == "membership" else ""
             rows.setdefault(f"{v['check']} {v['criterion']}{attack}", []).append(v)
     width = max(len(k) for k in [*rows, "overall (privacy verdict)"]) + 2
-    head = f"{'threshold':<{width}}{'pass':>5}{'fail':>5}{'inc.':>5}{'flips':>6}   median value [median interval]  limit"
+    head = (
+        f"{'threshold':<{width}}{'pass':>5}{'fail':>5}{'inc.':>5}{'flips':>6}   median value [median interval]"
+        "  worst bound  limit"
+    )
     lines = [head, "-" * len(head)]
     for key, vs in rows.items():
         counts = Counter(v["status"] for v in vs)
@@ -72,10 +77,15 @@ def table(runs: list[dict]) -> str:
             if bounds
             else ""
         )
+        upper = vs[0]["op"] == "≤"
+        worst = (
+            (max(b[1] for b in bounds) if upper else min(b[0] for b in bounds)) if bounds else float("nan")
+        )
         role = "" if vs[0]["gates"] else "  (expectation)"
         lines.append(
             f"{key:<{width}}{counts['pass']:>5}{counts['fail']:>5}{counts['inconclusive']:>5}"
-            f"{flips([v['status'] for v in vs]):>6}   {med} {ci}  {vs[0]['op']} {vs[0]['limit']:g}{role}"
+            f"{flips([v['status'] for v in vs]):>6}   {f'{med} {ci}':<31}{worst:>12.3g}  {vs[0]['op']} "
+            f"{vs[0]['limit']:g}{role}"
         )
     overall = [r["status"] for r in runs]
     counts = Counter(overall)

@@ -25,7 +25,7 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[str], None]) -> 
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
-        _fsync_dir(path.parent)
+        fsync_dir(path.parent)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
@@ -37,7 +37,7 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
     atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
 
 
-def _fsync_dir(folder: Path) -> None:
+def fsync_dir(folder: Path) -> None:
     """Make a rename in ``folder`` durable (POSIX); a no-op where folders cannot be opened (Windows)."""
     try:
         fd = os.open(folder, os.O_RDONLY)
