@@ -95,7 +95,7 @@ def main() -> int:
     for v in report["verdicts"]:
         value = "n/a" if v["value"] is None else f"{v['value']:.4g}"
         print(
-            f"  {'PASS' if v['passed'] else 'FAIL'}  {v['check']}: {v['description']} = {value} {v['op']} {v['limit']:g}"
+            f"  {v['status'].upper()}  {v['check']}: {v['description']} = {value} {v['op']} {v['limit']:g}"
         )
     png = out / "report.png"
     screenshot(Path(paths["html"]), png)
