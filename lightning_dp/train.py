@@ -131,6 +131,19 @@ def train(cfg: DictConfig, *, overrides: Sequence[str] | None = None) -> dict[st
         run_log.close()
 
 
+class _RunFiles:
+    """``config.yaml``, ``versions.json`` and ``train.log``, written once, when first needed."""
+
+    def __init__(self, out: Path, config_yaml: str, run_log: RunLog) -> None:
+        self.out, self.config_yaml, self.run_log, self.written = out, config_yaml, run_log, False
+
+    def ensure(self) -> None:
+        if not self.written:
+            write_run_files(self.out, config_yaml=self.config_yaml)
+            self.run_log.open(self.out / "train.log")
+            self.written = True
+
+
 def _train(cfg: DictConfig, *, overrides: Sequence[str] | None, run_log: RunLog) -> dict[str, Any]:
     resume = _resume_path(cfg)
     if resume is not None:
@@ -153,15 +166,11 @@ def _train(cfg: DictConfig, *, overrides: Sequence[str] | None, run_log: RunLog)
     elif any((out / name).exists() for name in ("ledger.json", ".prefit.json", "checkpoints/last.ckpt")):
         raise RunExistsError(f"{str(out)!r} already holds a run. Continue it with resume=last, or choose another "
                               "output_dir=PATH.")
+    run_files = _RunFiles(out, OmegaConf.to_yaml(cfg, resolve=True), run_log)
     if rank == 0:  # the run's files appear with its first release: a run refused before it leaves nothing
-        config_yaml = OmegaConf.to_yaml(cfg, resolve=True)
-        written: list[bool] = []
 
         def persist(led: PrivacyLedger) -> None:
-            if not written:
-                write_run_files(out, config_yaml=config_yaml)
-                run_log.open(out / "train.log")
-                written.append(True)
+            run_files.ensure()
             led.save_json(out / "ledger.json")
 
         ledger.persist = persist
@@ -181,8 +190,7 @@ def _train(cfg: DictConfig, *, overrides: Sequence[str] | None, run_log: RunLog)
     advise(cfg, dm)
     check_space(out, checkpoint_bytes(model))
     if rank == 0:
-        write_run_files(out, config_yaml=config_yaml)
-        run_log.open(out / "train.log")
+        run_files.ensure()  # a run that released nothing before training writes them here
     config = OmegaConf.to_container(cfg, resolve=True)
     checkpointing = cfg.get("callbacks", {}).get("checkpoint", {}) or {}
     record = RunRecord(ledger=ledger, config=config, data_state=dm.state_dict(), output_dir=out,
