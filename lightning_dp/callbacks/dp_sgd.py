@@ -112,14 +112,15 @@ class DPSGD(Callback):
             self.noise_multiplier = self.ledger.calibrate(
                 lambda s: [Release(name=self.name, mechanism="subsampled_gaussian", sensitivity=self.max_grad_norm,
                                    noise_multiplier=s, sample_rate=self.sample_rate, count=remaining)])
-        if self.ledger.epsilon_if([self._release(1)]) > self.ledger.target_epsilon and self.steps_done:
+        next_epsilon = self.ledger.epsilon_if([self._release(1)])
+        if next_epsilon > self.ledger.target_epsilon and self.steps_done:
             log.info("DP-SGD: the budget was spent by the %d steps before this resume; training is complete (%s).",
                      self.steps_done, self.ledger.summary())
             trainer.should_stop = True
-        elif self.ledger.epsilon_if([self._release(1)]) > self.ledger.target_epsilon:
+        elif next_epsilon > self.ledger.target_epsilon:
             raise BudgetExceededError(
                 f"Not one DP-SGD step fits in the budget: with noise multiplier {self.noise_multiplier:g} and sample rate "
-                f"{self.sample_rate:.3g}, one step takes ε to {self.ledger.epsilon_if([self._release(1)]):.3g} > "
+                f"{self.sample_rate:.3g}, one step takes ε to {next_epsilon:.3g} > "
                 f"{self.ledger.target_epsilon:g} ({self.ledger.summary()}). Raise the noise multiplier (or leave it null "
                 "to calibrate it), lower data.batch_size, or raise privacy.epsilon.")
         self.datamodule.use_poisson_sampling(sample_rate=self.sample_rate, steps_per_epoch=steps_per_epoch,

@@ -17,6 +17,7 @@ import torch.distributed as dist
 from pytorch_lightning import Callback, LightningModule, Trainer
 from torch import Tensor
 
+from lightning_dp.checkpoint import CheckpointError
 from lightning_dp.privacy import mechanisms as mech
 from lightning_dp.privacy.ledger import PrivacyLedger, Release
 from lightning_dp.privacy.sensitivity import count_sensitivity, embedding_sum_sensitivity, moment_sensitivity
@@ -93,8 +94,9 @@ class SanitizedEmbedding(Callback):
             log.info("%s was released before this resume; it is not released again.", name)
             return
         if self.ledger.has(name):
-            raise RuntimeError(f"The ledger lists {name!r} as released but this checkpoint has no embedding: it is "
-                               "older than the release. Resume from the run's checkpoints/last.ckpt, or start a new run.")
+            raise CheckpointError(f"The ledger lists {name!r} as released but this checkpoint has no embedding: it is "
+                                  "older than the release. Resume from the run's checkpoints/last.ckpt, or start a new "
+                                  "run.")
         with self.ledger.durable():  # the checkpoint with the noisy values and the ledger are saved before use
             self._release(trainer, pl_module, name)
 
