@@ -185,6 +185,7 @@ class PrivacyLedger:
         self.persist: Callable[[PrivacyLedger], None] | None = None
         self.commit: Callable[[], None] | None = None
         self._open_blocks = 0
+        self._epsilon_cache: dict[tuple, float] = {}  # (prv, releases) -> ε, for these orders and δ
 
     # ------------------------------------------------------------------ accounting
     def epsilon(self, releases: Sequence[Release] | None = None) -> float:
@@ -197,7 +198,19 @@ class PrivacyLedger:
 
         PRV is skipped (the RDP value returned) where RDP ε is huge: there PRV could not bring ε back to
         any useful target, and Opacus' PRV grid grows with the RDP ε (its domain is an RDP ε bound).
+        Results are memoised: a DP-SGD step asks for the same spend several times (the check before the
+        step, ``ledger.json``, the logged metric), and a PRV evaluation is expensive.
         """
+        key = (prv, tuple((r.mechanism, r.sensitivity, r.noise_multiplier, r.epsilon, r.sample_rate, r.count, r.delta)
+                          for r in releases))
+        cache = self._epsilon_cache
+        if key not in cache:
+            if len(cache) > 1024:
+                cache.clear()
+            cache[key] = self._compute_epsilon(releases, prv=prv)
+        return cache[key]
+
+    def _compute_epsilon(self, releases: Sequence[Release], *, prv: bool) -> float:
         if not any(r.count for r in releases):
             return 0.0
         delta_left = self.delta - sum(r.delta for r in releases if r.count)
@@ -429,6 +442,7 @@ class PrivacyLedger:
                     "privacy settings, or start a new run (which spends a new budget on the data)."
                 )
         self.orders = tuple(state["orders"])
+        self._epsilon_cache = {}  # computed for the old orders
         self.releases = [Release(**r) for r in state["releases"]]
 
     @staticmethod
