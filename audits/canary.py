@@ -293,3 +293,96 @@ class SGDCanary:
             score += float((released - self.clean_sum) @ self.direction) / self.max_grad_norm
         mech.on_fit_end(stub, module)
         return score
+
+
+class PPEMCanary:
+    """PPEM under DP-SGD (the real ``PPEM`` module, ``KSDPenalty`` and ``DPSGD``), audited on its released gradients.
+
+    Each trial takes ``steps`` private steps of both energies on D or D ∪ {c} (full batches, the model held
+    still), with the KSD penalty as a batch-coupled term, so every step releases
+    ``f(T) + N(0, σ²Δ²)``, f(T) = Σ_i clip_C(∇ℓ_i) + clip_{C_P}(L·∇P(T)) and Δ = C + 2·C_P. The public
+    randomness (generated rows, interpolation weights, the penalty's pairing) is seeded per step and known to
+    the attacker, who also knows D and the model: it computes both noiseless releases f(D) and f(D ∪ {c}) and
+    projects the residual on their difference, the Neyman–Pearson statistic of the T releases::
+
+        score = Σ_t ⟨L·g̃_t − f_t(D), u_t⟩,   u_t = (f_t(D ∪ {c}) − f_t(D)) / ‖f_t(D ∪ {c}) − f_t(D)‖.
+
+    The audit tests what the proof in ``privacy/batch_terms.py`` claims: however the canary moves the penalty
+    through every pair and the normalisation, the release moves by at most Δ.
+
+    Args:
+        rows: D in model space, (n, d); ``labels`` (n,).
+        canary: the planted row (d,) and its label.
+        layout: PPEM's layout (``n_continuous``, ``block_sizes``, ``num_classes``, ``continuous_names``) and
+            ``sensitive`` names.
+        epsilon, delta: the claim; σ is calibrated by the callback for ``steps`` steps.
+        steps: private steps per trial.
+        max_grad_norm, penalty_norm: C and C_P.
+        penalty_weight: λ_α (large, so that the penalty's gradient reaches C_P).
+    """
+
+    def __init__(self, rows: Tensor, labels: Tensor, canary: tuple[Tensor, int], *, layout: Mapping[str, Any],
+                 epsilon: float, delta: float, steps: int = 3, max_grad_norm: float = 1.0,
+                 penalty_norm: float = 0.5, penalty_weight: float = 1e3) -> None:
+        from lightning_dp.models.ppem import PPEM
+
+        self.rows, self.labels = rows.float(), labels.long()
+        self.canary = (canary[0].float().reshape(1, -1), torch.tensor([int(canary[1])]))
+        self.epsilon, self.delta, self.steps = epsilon, delta, steps
+        self.max_grad_norm, self.penalty_norm, self.penalty_weight = max_grad_norm, penalty_norm, penalty_weight
+        torch.manual_seed(0)  # public initialisation, the same in every trial
+        self.module = PPEM(**layout, hidden=[16, 16], latent_dim=8)
+        self._init = {k: v.clone() for k, v in self.module.state_dict().items()}
+        self.noise_multiplier: float | None = None
+        with_c = self._data(True)
+        self.clean = [self._releases(self._data(False), noise_multiplier=1e-12, seed=0),
+                      self._releases(with_c, noise_multiplier=1e-12, seed=0)]
+        self.directions = [(b - a) / (b - a).norm() for a, b in zip(*self.clean)]
+
+    def _data(self, with_canary: bool) -> tuple[Tensor, Tensor]:
+        if not with_canary:
+            return self.rows, self.labels
+        return torch.cat([self.rows, self.canary[0]]), torch.cat([self.labels, self.canary[1]])
+
+    def _releases(self, data: tuple[Tensor, Tensor], *, noise_multiplier: float | None, seed: int) -> list[Tensor]:
+        """L·g̃_t of each step on ``data`` (``noise_multiplier=None``: calibrated to the claim)."""
+        from lightning_dp.callbacks.dp_sgd import DPSGD
+        from lightning_dp.callbacks.ksd_penalty import KSDPenalty
+        from lightning_dp.privacy.ledger import PrivacyLedger
+
+        module = self.module
+        module.load_state_dict(self._init)
+        for name in list(vars(module)):  # a fresh module state: no terms or hooks of an earlier trial
+            if name in ("_batch_terms", "backward", "_declared_metrics"):
+                delattr(module, name)
+        n = len(self.rows) + 1  # the same q = L/N = 1 on both sides: every row is in every batch
+        epsilon = self.epsilon if noise_multiplier is None else 1e30
+        ledger = PrivacyLedger(target_epsilon=epsilon, delta=self.delta)
+        ksd = KSDPenalty(ledger=ledger, weight=self.penalty_weight, scale="per_batch", max_grad_norm=self.penalty_norm)
+        mech = DPSGD(ledger=ledger, datamodule=SimpleNamespace(released_num_rows=n, batch_size=n,
+                                                                  use_poisson_sampling=lambda **_: None),
+                     max_grad_norm=self.max_grad_norm, noise_multiplier=noise_multiplier, noise_seed=seed,
+                     private_modules=["energy", "conditional_energy"])
+        stub = SimpleNamespace(max_steps=self.steps, max_epochs=1, world_size=1, global_rank=0,
+                               accumulate_grad_batches=1, strategy=None,
+                               _accelerator_connector=SimpleNamespace(use_distributed_sampler=False))
+        ksd.setup(stub, module, "fit")
+        mech.on_fit_start(stub, module)
+        if noise_multiplier is None:
+            self.noise_multiplier = mech.noise_multiplier
+        params = [p for name in ("energy", "conditional_energy") for p in getattr(module, name).parameters()]
+        out = []
+        for t in range(self.steps):
+            torch.manual_seed(10_000 + t)  # the step's public randomness, the same on both sides
+            ksd.on_train_batch_start(stub, module, data, t)
+            mech._released_this_batch = False
+            for p in module.parameters():
+                p.grad = None
+            module.backward(module.energy_loss(*data))
+            out.append(torch.cat([p.grad.reshape(-1) for p in params]).detach() * n)
+        mech.on_fit_end(stub, module)
+        return out
+
+    def __call__(self, with_canary: bool, seed: int) -> float:
+        released = self._releases(self._data(with_canary), noise_multiplier=None, seed=seed)
+        return sum(float((r - c) @ u) for r, c, u in zip(released, self.clean[0], self.directions))

@@ -9,8 +9,11 @@ from the candidates. The disclosure checks compare the synthetic set with the re
 :data:`audits.verdicts.MIN_CANDIDATES` candidates per side (HOLDOUT under 50 rows) the privacy checks do not run
 and their thresholds are inconclusive: their rates could not be estimated.
 
-Intervals: DeLong's for attack AUCs; Clopper–Pearson for the Monte Carlo error of the α-LMDP permutation
-p-value; bootstraps (:mod:`audits.resampling`) for disclosure risks, utility scores and fidelity distances.
+A check that does not apply to the inputs (the KSD tests of :mod:`audits.lmdp_checks` without an energy model) is
+skipped with ``applies=False``: it sets no verdict, so it neither passes nor makes the policy inconclusive.
+
+Intervals: DeLong's for attack AUCs; Clopper–Pearson for the Monte Carlo error of the α-LMDP permutation and
+bootstrap p-values (the analytic χ²₁ p-value is exact); bootstraps (:mod:`audits.resampling`) for disclosure risks, utility scores and fidelity distances.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from audits.distances import TabularEncoder
 from audits.fidelity import plot_marginals, tabular_fidelity
 from audits.inputs import AuditInputs
 from audits.lmdp import mmd_permutation_test, robust_standardise
+from audits.lmdp_checks import ksd_section, not_applicable
 from audits.membership import run_attack
 from audits.resampling import attribute_interval, fidelity_interval, presence_interval, utility_interval
 from audits.utility import METRICS, json_safe, plot_utility, tstr
@@ -46,12 +50,15 @@ PRESENCE_RISK = "sensitivity at the confident r* (precision above target with co
 
 @dataclass
 class CheckResult:
-    """A check's numbers, figures (name -> Figure) and verdicts; ``skipped`` says why it did not run."""
+    """A check's numbers, figures (name -> Figure) and verdicts; ``skipped`` says why it did not run, and
+    ``applies`` whether its thresholds are then inconclusive (True) or not set at all (False: the check does not
+    apply to these inputs)."""
 
     result: dict[str, Any] = field(default_factory=dict)
     figures: dict[str, Figure] = field(default_factory=dict)
     verdicts: list[Verdict] = field(default_factory=list)
     skipped: str | None = None
+    applies: bool = True
 
 
 @dataclass(frozen=True)
@@ -291,9 +298,15 @@ def lmdp_mmd(
     """MMD permutation test of the real sensitive columns x′ against the synthetic ones (PPEM §3.6 (d)).
 
     Passing means the test *detects* a difference: α-LMDP ("Privacy-Preserving Energy-Based Generative Models
-    for Marginal Distribution Protection", Def. 2.2) holds when real x′ can be told from the model's x′.
+    for Marginal Distribution Protection", Def. 2.2) holds when real x′ can be told from the model's x′. The
+    columns are the policy's, else an energy model's sensitive columns, else every numeric column.
     """
-    columns = opts["columns"] or inputs.numeric
+    if opts["columns"]:
+        columns, source = opts["columns"], "the policy (lmdp_mmd.columns)"
+    elif inputs.sensitive is not None:
+        columns, source = inputs.sensitive.columns, "the model's sensitive columns"
+    else:
+        columns, source = inputs.numeric, "every numeric column (no sensitive columns named)"
     if not columns:
         tick()
         return CheckResult(skipped="no numeric columns: name the sensitive columns in lmdp_mmd.columns")
@@ -322,6 +335,7 @@ def lmdp_mmd(
     res = {
         **test.to_dict(),
         "columns": list(columns),
+        "columns_from": source,
         "alpha_lmdp_holds": test.reject,
         "p_value_interval": list(p_ci),
         "standardisation": (
@@ -341,6 +355,49 @@ def lmdp_mmd(
         at_most=True,
         method=f"Clopper–Pearson interval of the permutation p-value ({opts['n_permutations']} permutations)",
     )
+    return CheckResult(json_safe(res), {}, verdicts)
+
+
+def lmdp_ksd(
+    inputs: AuditInputs, cands: Candidates, opts: dict[str, Any], ctx: Context, tick: Tick
+) -> CheckResult:
+    """KSD goodness-of-fit tests of REAL's x′ against an energy model's score (:mod:`audits.lmdp_checks`).
+
+    One verdict per test: passes when its p-value is ≤ α (the test rejects "real x′ ~ the model's x′", so
+    α-LMDP holds), decided on the Clopper–Pearson interval of a bootstrap p-value, or on the exact analytic
+    p-value (a degenerate interval) for ``linear`` and ``linear_z``. Does not apply (no verdict) without an
+    energy-model checkpoint.
+    """
+    if reason := not_applicable(inputs):
+        for _ in opts["statistics"]:
+            tick()
+        return CheckResult(skipped=reason, applies=False)
+    res = ksd_section(
+        inputs,
+        statistics=opts["statistics"],
+        alpha=opts["alpha"],
+        n_bootstrap=opts["n_bootstrap"],
+        max_samples=opts["max_samples"],
+        seed=ctx.seed,
+        confidence=ctx.confidence,
+    )
+    for _ in opts["statistics"]:
+        tick()
+    if isinstance(res, str):
+        return CheckResult(skipped=res)
+    verdicts = []
+    for test in res["tests"].values():
+        verdicts += ctx.decide(
+            "lmdp_ksd",
+            "alpha",
+            f"α-LMDP: p-value of the KSD {test['test']} test ({test['null']}) of real x′ against the model's "
+            "score (passes if ≤ α)",
+            test["p_value"],
+            test["p_value_interval"],
+            opts["alpha"],
+            at_most=True,
+            method=test["interval_method"],
+        )
     return CheckResult(json_safe(res), {}, verdicts)
 
 
@@ -543,6 +600,15 @@ REGISTRY: dict[str, CheckSpec] = {
         "α-LMDP (MMD two-sample test)",
         kind="lmdp",
         thresholds={"alpha": ("α-LMDP: p-value of the MMD test of real x′ against synthetic", True)},
+    ),
+    "lmdp_ksd": CheckSpec(
+        lmdp_ksd,
+        "α-LMDP (KSD goodness-of-fit tests of an energy model)",
+        kind="lmdp",
+        thresholds={
+            "alpha": ("α-LMDP: p-values of the KSD tests of real x′ against the model's score", True)
+        },
+        steps=lambda opts: len(opts["statistics"]),
     ),
     "utility": CheckSpec(
         utility,

@@ -3,7 +3,9 @@ from the JSON report and the checks' figures.
 
 The page is as private as the JSON: it opens, before any number, with a banner carrying the report's
 ``privacy`` statement (computed from the real rows, not differentially private), and repeats a one-line
-reminder above the histograms of real columns. Next comes what the run's (ε, δ) guarantees, in one sentence,
+reminder above the histograms of real columns. A run that makes no differential-privacy claim (α-LMDP only, its
+ledger's ``dp_claim`` false) gets a second banner right below: its synthetic data and checkpoint are not DP
+releases. Next comes what the run's (ε, δ) guarantees, in one sentence,
 and that the audit is empirical evidence, not a proof; then the policy's status and one line per threshold
 (status, value, interval, limit, reason), the privacy verdict apart from the utility expectations.
 
@@ -63,6 +65,12 @@ p.warn { background: #fff6e0; border: 1px solid #f0d9a0; border-radius: 6px; pad
 p.private-note { color: #a11a1a; font-weight: 600; margin: 8px 0 4px; }
 """
 PRIVATE_BANNER = "Contains private information — not differentially private"
+NO_DP_BANNER = "No differential-privacy claim — α-LMDP only"
+NO_DP_TEXT = (
+    "This run makes NO differential-privacy claim: its synthetic data and its checkpoint are NOT differentially "
+    "private releases, and no (ε, δ) covers them. α-LMDP protects the distribution of the sensitive columns, not "
+    "individuals."
+)
 
 
 # ----------------------------------------------------------------------------------------- helpers
@@ -257,8 +265,14 @@ def _ledger(report: dict[str, Any]) -> str:
         numeric=(2, 3, 4, 5, 6, 7),
     )
     composition = report["guarantee"]["composition"]
+    claim = (
+        '<p class="warn">This run makes NO differential-privacy claim (α-LMDP only): the ε below covers only the '
+        "releases listed, not the model trained on the private rows.</p>"
+        if report["guarantee"].get("dp_claim") is False
+        else ""
+    )
     return (
-        f'<section id="ledger"><h2>Privacy ledger</h2>{summary}<h3>Releases</h3>{releases}'
+        f'<section id="ledger"><h2>Privacy ledger</h2>{claim}{summary}<h3>Releases</h3>{releases}'
         f'<p class="note">{esc(composition)}</p></section>'
     )
 
@@ -397,6 +411,49 @@ def _lmdp(c: dict[str, Any]) -> str:
     )
 
 
+def _lmdp_ksd(c: dict[str, Any]) -> str:
+    rows = []
+    for t in c["tests"].values():
+        holds = t["alpha_lmdp_holds"]
+        rows.append(
+            (
+                esc(t["test"]),
+                esc(t["null"]),
+                fmt(t["statistic"]),
+                fmt(t["p_value"]),
+                _ci(t.get("p_value_interval")),
+                fmt(t["alpha"]),
+                fmt(t["n"]),
+                fmt(t["details"].get("bandwidth")),
+                badge(holds, "α-LMDP holds" if holds else "α-LMDP does not hold"),
+            )
+        )
+    methods = sorted({t["interval_method"] for t in c["tests"].values()})
+    refs = "; ".join(f"{t['test']}: {t['reference']}" for t in c["tests"].values())
+    bounds = ", ".join(f"{col} [{fmt(lo)}, {fmt(hi)}]" for col, (lo, hi) in c["bounds"].items())
+    return (
+        f'<p class="note"><b>What passing means:</b> {esc(LMDP_KSD_MEANING)}</p>'
+        + table(
+            [
+                "test",
+                "null distribution",
+                "statistic",
+                "p-value",
+                "95% interval of p",
+                "α",
+                "rows",
+                "bandwidth",
+                "decision",
+            ],
+            rows,
+            numeric=(2, 3, 4, 5, 6, 7),
+        )
+        + f'<p class="note">Sensitive columns x′ of {esc(c["model"] or "the model")}: {esc(bounds)}. Score: '
+        f"{esc(c['score'])}. {esc(c['model_space'])}; {fmt(c['n_rows'])} rows. Intervals of p: "
+        f"{esc('; '.join(methods))}. Tests: {esc(refs)}.</p>"
+    )
+
+
 def _utility(c: dict[str, Any]) -> str:
     metric, summary = c["metric"], c["summary"]
     rows = [
@@ -444,6 +501,7 @@ BODIES = {
     "presence_disclosure": _presence,
     "attribute_disclosure": _attribute,
     "lmdp_mmd": _lmdp,
+    "lmdp_ksd": _lmdp_ksd,
     "utility": _utility,
     "fidelity": _fidelity,
 }
@@ -462,6 +520,11 @@ LMDP_MEANING = (
     "α-LMDP protects the distribution of the sensitive columns, not individuals: it holds when a level-α test "
     "can tell the real columns from the synthetic ones (p ≤ α), so PASS here means the test detected a "
     "difference, i.e. the synthetic data do not reproduce the real marginal of these columns."
+)
+LMDP_KSD_MEANING = (
+    'α-LMDP holds when a level-α goodness-of-fit test rejects "the real sensitive columns are a sample of the '
+    "model's marginal of them\" (p ≤ α), so PASS here means the test found that the model's marginal does not fit "
+    "the real one; each test is one verdict."
 )
 REMINDERS = {  # figure -> a line shown above it
     "marginals": "Private: histograms of the real training rows (REAL), not differentially private.",
@@ -488,12 +551,32 @@ def _check(name: str, c: dict[str, Any], figures: dict[str, Figure], verdicts: l
 def _privacy(report: dict[str, Any]) -> str:
     """The banner that opens the page: the report is private and not DP."""
     label = report["privacy"]
-    dp = ", ".join(label["dp_artefacts"])
+    if label.get("run_dp_claim") is False:
+        covered = "Covered by an (ε, δ): nothing, the run makes no differential-privacy claim."
+    else:
+        covered = f"Covered by the run's (ε, δ): {', '.join(label['dp_artefacts'])}."
     return (
         f'<div class="private" id="privacy" role="note"><strong>{esc(PRIVATE_BANNER)}</strong>'
         f"<p>{esc(label['statement'])}</p>"
-        f'<p class="meta">Covered by the run\'s (ε, δ): {esc(dp)}. Not covered: this page and report.json.</p>'
+        f'<p class="meta">{esc(covered)} Not covered: this page and report.json.</p>'
         "</div>"
+    )
+
+
+def _no_dp_claim(report: dict[str, Any]) -> str:
+    """The banner of a run that makes no differential-privacy claim (empty for a DP run or a file)."""
+    label = report["privacy"]
+    if label.get("run_dp_claim") is not False:
+        return ""
+    reasons = "".join(
+        f"<li><b>{esc(r.get('name', ''))}</b>: {esc(r.get('note', ''))}</li>"
+        for r in label.get("no_dp_claim", [])
+    )
+    return (
+        f'<div class="private" id="no-dp-claim" role="note"><strong>{esc(NO_DP_BANNER)}</strong>'
+        f"<p>{esc(NO_DP_TEXT)}</p>"
+        + (f"<p>The run's ledger says why:</p><ul>{reasons}</ul>" if reasons else "")
+        + "</div>"
     )
 
 
@@ -530,7 +613,7 @@ def render_html(report: dict[str, Any], figures: dict[str, dict[str, Figure]]) -
     page = (
         f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>Audit report (private): {esc(source)}</title>'
         f'<meta name="viewport" content="width=device-width, initial-scale=1"><style>{CSS}</style></head><body><main>'
-        f"<h1>lightning-dp audit report</h1>{_privacy(report)}{_guarantee(report)}"
+        f"<h1>lightning-dp audit report</h1>{_privacy(report)}{_no_dp_claim(report)}{_guarantee(report)}"
         f'<div class="meta">{esc(source)} · {esc(report["created_at"])} · {fmt(report["duration_s"])} s</div>'
         f'<div class="banner">{verdict}</div>{warnings}<nav>{nav}</nav>'
         f"{_verdicts(report)}{_inputs(report)}{_ledger(report)}{body}{_run(report)}</main></body></html>\n"

@@ -6,6 +6,9 @@
 * REAL and HOLDOUT: CSV/Parquet files, or a data set name (``adult``, ``breast_cancer``, ...), loaded with
   :class:`~lightning_dp.data.datamodule.PrivateDataModule` (``.train_frame`` and ``.holdout``) with the
   checkpoint's data config and released schema, so that nothing is released again.
+* an energy model's score: when the checkpoint's model has a ``sensitive_score`` (the score −∇E_ξ(x′) of its
+  marginal energy over the sensitive columns x′), :func:`sensitive_score_of` keeps it for the α-LMDP
+  goodness-of-fit tests (:mod:`audits.lmdp_checks`).
 
 All three frames are brought to one set of column types: numeric columns (the schema's continuous ones, or
 those whose REAL values all parse as numbers) as floats, the others as strings (``1.0`` and ``1`` are the
@@ -24,15 +27,18 @@ import contextlib
 import hashlib
 import logging
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 
 from lightning_dp.errors import UserError
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +51,47 @@ MAX_MAGNITUDE = 1e100  # numbers beyond ±this are clipped to it: their squares 
 
 class InputError(UserError, ValueError):
     """The synthetic data, REAL or HOLDOUT cannot be audited; the message says which and why."""
+
+
+@dataclass(frozen=True)
+class SensitiveScore:
+    """An energy model's sensitive columns x′ and the score of its x′ marginal.
+
+    Attributes:
+        columns: the user's names of the sensitive continuous columns, in the model's order.
+        score: ``x -> −∇_x E_ξ(x)``, (n, d′) -> (n, d′), x in model space ((clip(v, lo, hi) − lo) / (hi − lo)
+            per column, with the column's bounds); gradients are enabled inside, the output is detached.
+        model: the model's name, for the report.
+    """
+
+    columns: list[str]
+    score: Callable[[Tensor], Tensor]
+    model: str = ""
+
+
+def sensitive_score_of(model: Any, name: str = "") -> SensitiveScore | None:
+    """The :class:`SensitiveScore` of a model that has ``sensitive_score`` and ``sensitive_columns``, else None.
+
+    The model is put in eval mode; the score is computed in the model's dtype and device, with gradients enabled
+    (it differentiates the marginal energy), and returned detached, on the CPU, in the input's dtype.
+    """
+    import torch
+
+    method = getattr(model, "sensitive_score", None)
+    columns = getattr(model, "sensitive_columns", None)
+    if not callable(method) or not columns:
+        return None
+    if hasattr(model, "eval"):
+        model.eval()
+    param = next(iter(model.parameters()), None) if hasattr(model, "parameters") else None
+
+    def score(x: Tensor) -> Tensor:
+        z = x if param is None else x.to(device=param.device, dtype=param.dtype)
+        with torch.enable_grad():
+            out = method(z.detach())  # (n, d′)
+        return out.detach().to(device="cpu", dtype=x.dtype)
+
+    return SensitiveScore([str(c) for c in columns], score, name)
 
 
 @dataclass
@@ -62,6 +109,8 @@ class AuditInputs:
         ledger: the run's ledger (:meth:`PrivacyLedger.to_dict`), when a checkpoint or run is given.
         config: the run's resolved config, likewise.
         bounds: public ``(lower, upper)`` of numeric columns, from the run's schema (empty without one).
+        sensitive: the checkpoint's energy-model score over the sensitive columns x′, or None (a file, or a
+            model that is not an energy model).
         warnings: what the inputs' checks found worth telling (values clipped, rows shared by REAL and
             HOLDOUT); they go into the report.
     """
@@ -76,6 +125,7 @@ class AuditInputs:
     config: dict[str, Any] | None = None
     bounds: dict[str, tuple[float, float]] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    sensitive: SensitiveScore | None = None
 
     @property
     def categorical(self) -> list[str]:
@@ -421,6 +471,7 @@ def load_inputs(
     synthetic = Path(synthetic)
     check_num_rows(num_rows)
     record = None
+    sensitive = None
     sources: dict[str, dict[str, Any]] = {}
     if synthetic.is_dir():
         ckpt = synthetic / "checkpoints" / "last.ckpt"
@@ -499,6 +550,7 @@ def load_inputs(
                 run = load_run(synthetic)
             path = sample_run(run, n, Path(tmp) / "synthetic.parquet", seed=seed)
             raw["synthetic"] = pd.read_parquet(path)
+        sensitive = sensitive_score_of(run.model, record["config"]["model"]["name"])
         sources["synthetic"] = frame_source(
             f"{n:,} rows sampled from {synthetic}", raw["synthetic"], kind="checkpoint sample", seed=seed
         )
@@ -523,6 +575,7 @@ def load_inputs(
         config=record.get("config") if record else None,
         bounds=schema_bounds(schema),
         warnings=warnings,
+        sensitive=sensitive,
     )
 
 

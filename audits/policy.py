@@ -49,6 +49,12 @@ CHECKS: dict[str, dict[str, Any]] = {
         "n_permutations": 200,
         "max_samples": 1000,
     },
+    "lmdp_ksd": {
+        "statistics": ["u", "v", "linear"],
+        "alpha": 0.05,
+        "n_bootstrap": 500,
+        "max_samples": 1000,
+    },
     "utility": {
         "label": None,
         "classifiers": ["logistic_regression", "gaussian_nb", "decision_tree"],
@@ -106,6 +112,7 @@ MODEL_NAMES = (
     "xgboost",
 )
 PRESET_NAMES = ("bias_mitigation", "default", "dp_merf", "pearl")
+KSD_STATISTICS = ("u", "v", "linear", "linear_z")  # = audits.lmdp.KSD_STATISTICS (not imported: torch, scipy)
 MIN_CANDIDATES = 25  # = audits.verdicts.MIN_CANDIDATES (not imported: that would load scipy)
 MIN_BOOTSTRAP = 100
 
@@ -224,8 +231,10 @@ def _check_options(name: str, given: Any, source: str) -> dict[str, Any]:
                 f"Policy {source!r}: membership.attacks has unknown or unsupported attack(s) {bad}"
                 f"{hint}; valid: {', '.join(REPORT_ATTACKS)}."
             )
-    if name == "lmdp_mmd" and not (_is_number(opts["alpha"]) and 0 < float(opts["alpha"]) < 1):
-        raise PolicyError(f"Policy {source!r}: lmdp_mmd.alpha must be in (0, 1), got {opts['alpha']!r}.")
+    if name in ("lmdp_mmd", "lmdp_ksd") and not (_is_number(opts["alpha"]) and 0 < float(opts["alpha"]) < 1):
+        raise PolicyError(f"Policy {source!r}: {name}.alpha must be in (0, 1), got {opts['alpha']!r}.")
+    if name == "lmdp_ksd" and isinstance(opts["statistics"], str):
+        opts["statistics"] = [opts["statistics"]]
     if name == "utility" and opts["min_roc"] is not None:  # shorthand for metric: roc_auc + min_score
         if opts["min_score"] is not None or opts["metric"] not in (None, "roc_auc"):
             raise PolicyError(
@@ -291,6 +300,18 @@ def _check_values(name: str, opts: dict[str, Any], source: str) -> None:
             raise PolicyError(
                 f"{where}.n_permutations must be an integer >= 1, got {opts['n_permutations']!r}."
             )
+    if name == "lmdp_ksd":
+        stats = opts["statistics"]
+        bad = [s for s in stats if s not in KSD_STATISTICS] if isinstance(stats, list) else [stats]
+        if bad or not stats or len(set(stats)) < len(stats):
+            raise PolicyError(
+                f"{where}.statistics must be a non-empty list of distinct KSD tests, got {stats!r}; valid: "
+                f"{', '.join(KSD_STATISTICS)}."
+            )
+        if not (opts["max_samples"] is None or _is_int(opts["max_samples"], 4)):
+            raise PolicyError(
+                f"{where}.max_samples must be an integer >= 4 or null, got {opts['max_samples']!r}."
+            )
     if name == "utility":
         metric = opts["metric"]
         if metric is not None and metric not in METRIC_NAMES:
@@ -334,12 +355,20 @@ def _validate_settings(policy: dict[str, Any], source: str) -> None:
     conf = policy["confidence"]
     if not (_is_number(conf) and 0.5 <= conf < 1):
         raise PolicyError(f"Policy {source!r}: confidence must be in [0.5, 1), e.g. 0.95, got {conf!r}.")
-    lmdp = {**policy["checks"], **policy["expectations"]}.get("lmdp_mmd")
-    if lmdp is not None:  # the smallest permutation p-value must be decidable below α at this confidence
-        need = math.ceil(math.log((1 - conf) / 2) / math.log(1 - lmdp["alpha"]) - 1e-9)
-        if lmdp["n_permutations"] < need:
+    every = {**policy["checks"], **policy["expectations"]}
+    resampled = (
+        ("lmdp_mmd", "n_permutations", "permutations"),
+        ("lmdp_ksd", "n_bootstrap", "bootstrap draws"),
+    )
+    for name, key, what in resampled:
+        opts = every.get(name)
+        if opts is None or (name == "lmdp_ksd" and not set(opts["statistics"]) & {"u", "v"}):
+            continue
+        # the smallest Monte Carlo p-value (0 of n) must be decidable below α at this confidence
+        need = math.ceil(math.log((1 - conf) / 2) / math.log(1 - opts["alpha"]) - 1e-9)
+        if opts[key] < need:
             raise PolicyError(
-                f"Policy {source!r}: lmdp_mmd.n_permutations must be >= {need} for α = {lmdp['alpha']:g} at "
-                f"confidence {conf:g} (with fewer, even a p-value of 0 permutations out of n cannot be shown to "
-                f"be below α), got {lmdp['n_permutations']}."
+                f"Policy {source!r}: {name}.{key} must be >= {need} for α = {opts['alpha']:g} at confidence "
+                f"{conf:g} (with fewer, even a p-value of 0 {what} out of n cannot be shown to be below α), got "
+                f"{opts[key]}."
             )

@@ -27,6 +27,12 @@ is not a DP release, not because it is post-processing. ``report.json`` opens wi
 (:func:`privacy_label`) that says so and lists the sections computed from real rows; ``report.html`` opens
 with the same statement. Handle both files like the private data: access-controlled, not published.
 
+A run trained without DP (an energy model protecting only the marginal of its sensitive columns, α-LMDP) says so in
+its ledger (``"dp_claim": false`` with the reasons in ``"no_dp_claim"``; a missing key means a DP run). Its report
+says plainly, in the ``privacy`` object (``run_dp_claim: false``, ``no_dp_claim``, no ``dp_artefacts``), in
+``guarantee`` and at the top of ``report.html``, that the run makes NO differential-privacy claim: its synthetic
+data and checkpoint are not DP releases.
+
 ``train.py ... audit=default`` runs the same audit at the end of training into the run's ``output_dir``
 (:func:`audit_run`).
 
@@ -52,10 +58,16 @@ Policy format (YAML; the default is ``audits/policies/default.yaml``)::
         n_bootstrap: 200
         max_risk_above_baseline: 0.05   # sensitivity minus the held-out baseline's
       lmdp_mmd:                 # α-LMDP (PPEM Def. 2.2): passes when the test REJECTS "real x′ ~ synthetic x′"
-        columns: null           # the sensitive columns x′; default: every numeric column
+        columns: null           # the sensitive columns x′; default: an energy model's, else every numeric column
         alpha: 0.05
         n_permutations: 200     # at least log((1 - confidence)/2) / log(1 - alpha) (72 at the defaults)
         max_samples: 1000
+      lmdp_ksd:                 # α-LMDP of an energy model: KSD tests of REAL's x′ against its score −∇E(x′); one
+                                # verdict per test, passing when it REJECTS; no verdict without an energy model
+        statistics: [u, v, linear]      # also linear_z; u: multinomial bootstrap, v: wild bootstrap, linear: χ²₁
+        alpha: 0.05
+        n_bootstrap: 500        # draws of u and v; at least as many as lmdp_mmd's permutations need
+        max_samples: 1000       # rows of REAL for u and v (quadratic); the linear tests use every row
     expectations:               # the same format; reported with a status, never change the policy's status
       utility:                  # TSTR on HOLDOUT (skipped when no label is known)
         label: null             # default: the schema's label or --label
@@ -70,9 +82,10 @@ Policy format (YAML; the default is ``audits/policies/default.yaml``)::
         n_bootstrap: 200
         max_mean_tv: 0.2        # also: max_mean_ks, max_mean_w1, max_two_way_marginal, max_range_query_error
 
-Options named ``max_*``/``min_*`` (and ``lmdp_mmd.alpha``) are thresholds, each one verdict in the report; a
-threshold left null only reports its number. A check that is skipped (no label, too few candidates) makes its
-thresholds inconclusive. Distance-based checks run chunked (bounded memory) in the building blocks. ``--out`` is
+Options named ``max_*``/``min_*`` (and ``lmdp_mmd.alpha``, ``lmdp_ksd.alpha``) are thresholds, each one verdict in
+the report (``lmdp_ksd.alpha`` one per test); a threshold left null only reports its number. A check that is
+skipped (no label, too few candidates) makes its thresholds inconclusive, except one that does not apply to the
+inputs (``lmdp_ksd`` without an energy model), which sets none. Distance-based checks run chunked (bounded memory) in the building blocks. ``--out`` is
 checked before any data are read, and both report files are written together after every check has run
 (:mod:`audits.output`): on an error neither exists.
 """
@@ -114,39 +127,81 @@ FROM_REAL_ROWS = {  # section of the report -> what in it is computed from real 
     "synthetic and HOLDOUT rows",
     "checks.lmdp_mmd": "MMD², p-value and bandwidth of a test of REAL against synthetic columns, clipped and "
     "scaled with REAL's quantiles",
+    "checks.lmdp_ksd": "KSD statistics, p-values, bandwidths and row counts of goodness-of-fit tests of REAL's "
+    "sensitive columns against the model's score",
     "checks.utility": "scores on HOLDOUT rows of classifiers trained on synthetic and on REAL rows",
     "checks.fidelity": "per-column TV, KS and Wasserstein-1, 2-way-marginal, range-query and MMD errors of "
     "synthetic and HOLDOUT against REAL, REAL's mean range-query answer, the median distance between REAL rows "
     "(report.html adds histograms of REAL's columns)",
     "verdicts": "the verdicts, their intervals and warnings derived from these numbers",
 }
+NO_DP_CLAIM = "This run makes NO differential-privacy claim (α-LMDP only)"
 ACCOUNTANTS = {
     "rdp": "Rényi DP (Mironov 2017)",
     "prv": "privacy-loss random variables (the PRV accountant)",
 }
 
 
-def privacy_label(checks: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+def dp_claim(ledger: Mapping[str, Any] | None) -> tuple[bool | None, list[dict[str, str]]]:
+    """Whether the run claims differential privacy, and why not.
+
+    Returns:
+        ``(claim, reasons)``: ``claim`` is the ledger's ``dp_claim`` (True when the key is missing), None without a
+        ledger (the synthetic data came as a file); ``reasons`` the ledger's ``no_dp_claim`` entries
+        (``{"name", "note"}``), empty for a DP run.
+    """
+    if not ledger:
+        return None, []
+    claim = ledger.get("dp_claim", True) is not False
+    reasons = [] if claim else [dict(r) for r in ledger.get("no_dp_claim") or []]
+    return claim, reasons
+
+
+def no_dp_statement(reasons: list[dict[str, str]]) -> str:
+    """The plain statement of a run without a DP claim: what is, and is not, protected, and the ledger's reasons."""
+    text = "; ".join(f"{r.get('name', '')}: {r.get('note', '')}".strip(": ").rstrip(".") for r in reasons)
+    return (
+        f"{NO_DP_CLAIM}. "
+        + (f"Its ledger says why: {text}. " if text else "")
+        + "Its model was trained on the private rows without a differentially private mechanism, so its synthetic "
+        "data and its checkpoint are NOT differentially private releases and no (ε, δ) covers them. α-LMDP protects "
+        "the distribution of the sensitive columns, not individuals: handle the synthetic data and the checkpoint "
+        "with the care due to the private data."
+    )
+
+
+def privacy_label(
+    checks: Mapping[str, Mapping[str, Any]], ledger: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
     """The ``privacy`` object that opens ``report.json``: what the report is, and is not, under DP.
 
     Args:
         checks: the report's ``checks`` (name -> result with ``status``); only checks that ran are listed.
+        ledger: the run's ledger, if known: a run without a DP claim (:func:`dp_claim`) is said to make none.
 
     Returns:
         ``contains_private_information`` (True), ``dp`` (False), a plain ``statement``, ``private_inputs``,
-        ``from_real_rows`` (report section -> what in it comes from real rows) and ``dp_artefacts``.
+        ``from_real_rows`` (report section -> what in it comes from real rows), ``dp_artefacts`` (none for a run
+        without a DP claim), ``run_dp_claim`` (True, False, or None without a ledger) and ``no_dp_claim`` (the
+        ledger's reasons).
     """
     ran = [f"checks.{name}" for name, c in checks.items() if c["status"] == "ran"]
     sections = {
         key: FROM_REAL_ROWS.get(key, "the numbers of this check, computed on real rows")
         for key in ("inputs", "candidates", *ran, "verdicts")
     }
+    claim, reasons = dp_claim(ledger)
+    covered = (
+        "Only the synthetic data, the checkpoint and ledger.json are covered by the run's (ε, δ)."
+        if claim is not False
+        else no_dp_statement(reasons)
+    )
     statement = (
         "This report is computed from the real private rows, REAL (training) and HOLDOUT. It is NOT "
         "differentially private and is not covered by the run's (ε, δ). From real rows it holds: "
         + "; ".join(sections.values())
-        + ". Handle it like the private data itself: access-controlled, not published. Only the synthetic "
-        "data, the checkpoint and ledger.json are covered by the run's (ε, δ)."
+        + ". Handle it like the private data itself: access-controlled, not published. "
+        + covered
     )
     return {
         "contains_private_information": True,
@@ -154,7 +209,9 @@ def privacy_label(checks: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
         "statement": statement,
         "private_inputs": list(PRIVATE_INPUTS),
         "from_real_rows": sections,
-        "dp_artefacts": list(DP_ARTEFACTS),
+        "dp_artefacts": list(DP_ARTEFACTS) if claim is not False else [],
+        "run_dp_claim": claim,
+        "no_dp_claim": reasons,
     }
 
 
@@ -162,28 +219,48 @@ def guarantee(ledger: Mapping[str, Any] | None) -> dict[str, Any]:
     """What the run's (ε, δ) guarantees, in plain words, and how its releases compose.
 
     Returns:
-        ``{"epsilon", "delta", "statement", "composition", "evidence"}`` (ε and δ None without a ledger).
+        ``{"epsilon", "delta", "dp_claim", "statement", "composition", "evidence"}`` (ε and δ None without a
+        ledger, and for a run that makes no DP claim).
     """
     evidence = (
         "This audit is empirical evidence about one release, not a proof: passing checks do not show that the "
         "run is differentially private (that follows from the mechanisms and the ledger), and a failing check is "
         "a reason to investigate."
     )
+    claim, reasons = dp_claim(ledger)
     if not ledger:
         return {
             "epsilon": None,
             "delta": None,
+            "dp_claim": claim,
             "statement": "Unknown: the synthetic data came as a file, without the run's ledger, so no (ε, δ) is "
             "known for it.",
             "composition": "",
             "evidence": evidence,
         }
-    eps, delta = float(ledger["epsilon"]), float(ledger["delta"])
     n = len(ledger.get("releases", []))
     accountant = ACCOUNTANTS.get(ledger.get("accountant"), str(ledger.get("accountant")))
+    if not claim:
+        spent = ledger.get("epsilon")
+        listed = (
+            f"The ledger lists {n} release(s) (ε = {float(spent):.4g} in {accountant}); that ε covers those "
+            "releases alone, not the model trained after them."
+            if n and spent is not None
+            else ""
+        )
+        return {
+            "epsilon": None,
+            "delta": None,
+            "dp_claim": False,
+            "statement": "None under differential privacy. " + no_dp_statement(reasons),
+            "composition": listed,
+            "evidence": evidence,
+        }
+    eps, delta = float(ledger["epsilon"]), float(ledger["delta"])
     return {
         "epsilon": eps,
         "delta": delta,
+        "dp_claim": True,
         "statement": f"For any one person, whether their row was in the training data changes the probability of "
         f"any output of this run (the synthetic data, the checkpoint) by at most a factor e^ε = {math.exp(eps):.3g} "
         f"(ε = {eps:.4g}), except with probability δ = {delta:.3g}.",
@@ -245,9 +322,12 @@ def build_report(
                 bar.update(spec.steps(opts))
             else:
                 res = spec.run(inputs, cands, opts, ctx, lambda: bar.update(1))
-            if res.skipped:
-                res.verdicts = spec.undecided(name, opts, f"The check did not run: {res.skipped}.", ctx)
+            if res.skipped:  # inconclusive thresholds, unless the check does not apply to these inputs
+                why = f"The check did not run: {res.skipped}."
+                res.verdicts = spec.undecided(name, opts, why, ctx) if res.applies else []
             status = {"status": "skipped", "reason": res.skipped} if res.skipped else {"status": "ran"}
+            if res.skipped and not res.applies:
+                status["applies"] = False
             checks[name] = {
                 **status,
                 "title": spec.title,
@@ -269,7 +349,7 @@ def build_report(
             "are wide at this size, so only large effects can be decided (see each verdict's interval)."
         )
     report = {
-        "privacy": privacy_label(checks),
+        "privacy": privacy_label(checks, inputs.ledger),
         "format_version": FORMAT_VERSION,
         "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "duration_s": round(time.time() - start, 2),
@@ -310,7 +390,7 @@ def _interval(v: Mapping[str, Any]) -> str:
 
 def summary_lines(report: Mapping[str, Any]) -> list[str]:
     """One line per check: its status (``PASS``/``FAIL``/``INCONCLUSIVE``, ``SKIP`` for a skipped check without
-    thresholds, ``REPORT`` for one that only reports numbers), its name (``(expectation)`` for a utility
+    thresholds or one that does not apply to the inputs, ``REPORT`` for one that only reports numbers), its name (``(expectation)`` for a utility
     expectation) and its thresholds' values, intervals and limits (or why they were not decided)."""
     lines = []
     for name, check in report["checks"].items():
@@ -401,7 +481,8 @@ def audit_run(
 
     Nothing is charged to ``ledger``: the report is not a DP release. It is private (computed from REAL and
     the holdout, not covered by the run's (ε, δ)) and labelled so; only the synthetic data, the checkpoint and
-    ``ledger.json`` are covered.
+    ``ledger.json`` are covered (none of them when the run makes no DP claim). When the policy runs an α-LMDP
+    check, the checkpoint just written is loaded for an energy model's score (:func:`sensitive_score_of`).
 
     Args:
         audit_cfg: the ``audit`` config group (``policy``: None for the default, a path, or an inline policy;
@@ -421,7 +502,8 @@ def audit_run(
     """
     from omegaconf import DictConfig, OmegaConf
 
-    from audits.inputs import read_frame, sha256_file
+    from audits.inputs import read_frame, sensitive_score_of, sha256_file
+    from lightning_dp.checkpoint import load_run
 
     if datamodule.kind != "tabular" or not result.get("synthetic"):
         log.warning("audit=... audits tabular runs only; no report for %s data.", datamodule.kind)
@@ -432,6 +514,10 @@ def audit_run(
     pol = load_policy(policy)
     seed = audit_cfg.get("seed")
     schema = datamodule.encoder.schema
+    lmdp = {"lmdp_ksd", "lmdp_mmd"} & {*pol["checks"], *pol["expectations"]}
+    model_name = config.get("model", {}).get("name")
+    # an energy model's score of its sensitive columns, for the α-LMDP checks: from the checkpoint just written
+    sensitive = sensitive_score_of(load_run(result["checkpoint"]).model, model_name) if lmdp else None
     warnings: list[str] = []
     frames, numeric = normalise(
         read_frame(result["synthetic"], "The synthetic data"),
@@ -459,7 +545,7 @@ def audit_run(
         ),
         "checkpoint": {
             "path": result["checkpoint"],
-            "model": config.get("model", {}).get("name"),
+            "model": model_name,
             "sha256": sha256_file(result["checkpoint"]),
             "sha256_of": "file bytes",
         },
@@ -473,6 +559,7 @@ def audit_run(
         config=config,
         bounds=schema_bounds(schema),
         warnings=warnings,
+        sensitive=sensitive,
     )
     report, figures = build_report(inputs, pol, seed=seed)
     paths = write_report(report, figures, result["output_dir"])

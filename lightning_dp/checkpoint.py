@@ -155,7 +155,8 @@ def data_layout(data_state: dict[str, Any]) -> dict[str, Any]:
     from lightning_dp.data.schema import Schema
 
     enc = TabularEncoder(Schema.from_dict(data_state["schema"]))
-    return {"n_continuous": enc.n_continuous, "block_sizes": enc.block_sizes, "num_classes": enc.num_classes}
+    return {"n_continuous": enc.n_continuous, "block_sizes": enc.block_sizes, "num_classes": enc.num_classes,
+            "continuous_names": [c.name for c in enc.continuous]}
 
 
 @dataclass

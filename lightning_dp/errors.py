@@ -16,6 +16,10 @@ class UserError(Exception):
     """A mistake in the user's input or environment; the message says what to change."""
 
 
+class ConfigError(UserError, ValueError):
+    """A setting is out of range; the message names it and a valid value."""
+
+
 class StorageError(UserError, OSError):
     """The run could not write its files (full disk, permissions); what was released is on disk already."""
 

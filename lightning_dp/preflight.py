@@ -17,14 +17,11 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from lightning_dp.data.sources import LOADERS
-from lightning_dp.errors import UserError
+from lightning_dp.errors import ConfigError
 from lightning_dp.models import MODELS, check_model_config
+from lightning_dp.privacy.coverage import check_coverage
 
 MIN_FREE_BYTES = 64 * 2**20  # ledger, config, logs and the pre-training record
-
-
-class ConfigError(UserError, ValueError):
-    """A setting is out of range; the message names it and a valid value."""
 
 
 def _number(value: object, name: str, *, low: float, high: float = math.inf, integer: bool = False,
@@ -38,7 +35,8 @@ def _number(value: object, name: str, *, low: float, high: float = math.inf, int
 
 
 PRIVACY_KEYS = ("epsilon", "delta", "accountant", "adjacency", "allow_large_delta", "count_budget_fraction",
-                "noise_seed")
+                "noise_seed", "require_dp", "dp_sgd")
+DP_SGD_KEYS = ("max_grad_norm", "noise_multiplier", "mode")
 TOP_KEYS = ("data", "model", "privacy", "trainer", "callbacks", "audit", "experiment", "seed", "output_dir", "resume",
             "num_samples", "tuned")
 
@@ -73,7 +71,10 @@ def check_config(cfg: DictConfig) -> None:
         raise ConfigError(f"privacy.accountant={cfg.privacy.accountant!r} is unknown; valid: {', '.join(ACCOUNTANTS)}.")
     if cfg.privacy.get("adjacency", "add_remove") not in ADJACENCIES:
         raise ConfigError(f"privacy.adjacency={cfg.privacy.adjacency!r} is unknown; valid: {', '.join(ADJACENCIES)}.")
-    sgd = any("DPSGD" in str(m.get("_target_", "")) for m in cfg.model.get("mechanisms") or [])
+    if cfg.privacy.get("dp_sgd") is not None:
+        _known_keys(cfg.privacy.dp_sgd, DP_SGD_KEYS, "privacy.dp_sgd")
+    sgd = cfg.privacy.get("dp_sgd") is not None or any(
+        "DPSGD" in str(m.get("_target_", "")) for m in cfg.model.get("mechanisms") or [])
     if sgd and cfg.privacy.get("adjacency", "add_remove") != "add_remove":
         raise ConfigError(f"model={cfg.model.name} trains with DP-SGD, whose accounting (Poisson-subsampled Gaussian) "
                           "is for add/remove neighbours: set privacy.adjacency=add_remove.")
@@ -100,6 +101,7 @@ def check_config(cfg: DictConfig) -> None:
     if cfg.model.get("name") not in MODELS:
         raise ConfigError(f"Unknown model {cfg.model.get('name')!r}; valid: {', '.join(MODELS)}. Pick one with model=NAME.")
     check_model_config(cfg.model)
+    check_coverage(cfg)
     if cfg.get("audit") and data.name in ("mnist_test", "digits", "npz"):
         raise ConfigError(f"audit=... reports on tabular data; data={data.name} is images. Drop audit=, or score images "
                           "with bench/utility_images.py.")

@@ -37,6 +37,7 @@ REGISTRY: dict[str, tuple[str, ...]] = {
         "lightning_dp.models.dp_merf.DPMERF",
         "lightning_dp.models.pearl.PEARL",
         "lightning_dp.models.dp_gan.DPGAN",
+        "lightning_dp.models.ppem.PPEM",
     ),
     "network": (
         "lightning_dp.nets.generators.ConditionalGenerator",
@@ -46,15 +47,18 @@ REGISTRY: dict[str, tuple[str, ...]] = {
         "lightning_dp.callbacks.sanitized_embedding.SanitizedEmbedding",
         "lightning_dp.callbacks.dp_sgd.DPSGD",
         "lightning_dp.callbacks.label_proportions.LabelProportions",
+        "lightning_dp.callbacks.ksd_penalty.KSDPenalty",
     ),
 }
 KINDS = tuple(REGISTRY)
 LAYOUT_KEYS = ("n_continuous", "block_sizes", "num_classes")
+# layout facts passed only to the classes that take them (a network or module without the parameter is not given it)
+OPTIONAL_LAYOUT_KEYS = ("continuous_names",)
 NETWORKS = ("generator", "discriminator", "critic", "encoder", "decoder")
 # arguments the run always supplies; a config that sets one is refused (a network may override the layout).
 # A module also gets the networks the model config builds (check_node's ``runtime``).
 RUNTIME_KEYS: dict[str, frozenset[str]] = {
-    "module": frozenset(LAYOUT_KEYS),
+    "module": frozenset((*LAYOUT_KEYS, *OPTIONAL_LAYOUT_KEYS)),
     "network": frozenset(),
     "mechanism": frozenset(("ledger", "datamodule", "noise_seed")),
 }

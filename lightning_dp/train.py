@@ -18,9 +18,10 @@ from lightning_dp.data.datamodule import PrivateDataModule
 from lightning_dp.data.dp_count import RowCount
 from lightning_dp.errors import RunExistsError, StorageError, UserError
 from lightning_dp.launch import launch_rank, publish_prefit, wait_for_prefit
-from lightning_dp.models import build_mechanisms, build_model
+from lightning_dp.models import build_mechanisms, build_model, check_data
 from lightning_dp.preflight import ConfigError, check_run, check_space, checkpoint_bytes
 from lightning_dp.privacy import mechanisms as mech
+from lightning_dp.privacy.coverage import complete_mechanisms
 from lightning_dp.privacy.ledger import BudgetExceededError, PrivacyLedger
 from lightning_dp.privacy.metrics import GuardedCSVLogger, declared_metrics
 from lightning_dp.resume import resume_config, resume_state
@@ -182,7 +183,8 @@ def _train(cfg: DictConfig, *, overrides: Sequence[str] | None, run_log: RunLog)
         ledger.commit = lambda: publish_prefit(out, ledger=ledger.state_dict(), data=dm.state_dict(), complete=False)
     dm.prepare(ledger, generator=mech.noise_generator(noise_seed), state=data_state,
                check_rows=lambda count: check_delta(ledger.delta, count, allow_large_delta=allow),
-               count_budget_fraction=cfg.privacy.get("count_budget_fraction", 0.02))
+               count_budget_fraction=cfg.privacy.get("count_budget_fraction", 0.02),
+               check_schema=lambda schema: check_data(cfg.model, schema))
     ledger.commit = None
     if rank == 0:
         publish_prefit(out, ledger=ledger.state_dict(), data=dm.state_dict(), complete=True)
@@ -197,6 +199,7 @@ def _train(cfg: DictConfig, *, overrides: Sequence[str] | None, run_log: RunLog)
                        every_n_steps=checkpointing.get("every_n_steps", 100),
                        every_n_minutes=checkpointing.get("every_n_minutes", 5.0))
     mechanisms = build_mechanisms(cfg.model, ledger=ledger, datamodule=dm, noise_seed=noise_seed)
+    mechanisms = complete_mechanisms(cfg, mechanisms, ledger=ledger, datamodule=dm, noise_seed=noise_seed)
     logger = GuardedCSVLogger(str(out), name="logs", declared=lambda: declared_metrics(model))  # declared keys only
     quiet_lightning()
     trainer = pl.Trainer(**trainer_options(cfg.trainer), default_root_dir=str(out), callbacks=[record, *mechanisms],

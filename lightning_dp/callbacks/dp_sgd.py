@@ -11,6 +11,10 @@ callback
 3. sums it across ranks (DDP), adds ``N(0, σ²C²)`` once, with identical noise on every rank,
 4. divides by the expected batch size ``L = q·N`` and adds it to ``p.grad``.
 
+A term computed from the whole batch at once (``privacy/batch_terms.py``, e.g. PPEM's KSD penalty) is
+clipped as a whole to its own norm C_P and added to the clipped sum before the noise; the step's
+sensitivity is then Δ = C + 2·ΣC_P (proved there), and the noise and the ledger's release use Δ.
+
 A scalar loss is public (e.g. a GAN's loss on generated samples, computed from the released state)
 and is backpropagated normally. The generator of a GAN therefore sees data only through the private
 discriminator's releases (post-processing).
@@ -32,6 +36,7 @@ from pytorch_lightning import Callback, LightningModule, Trainer
 from torch import Tensor, nn
 
 from lightning_dp.privacy import mechanisms as mech
+from lightning_dp.privacy.batch_terms import batch_terms
 from lightning_dp.privacy.clipping import PerSampleClipper
 from lightning_dp.privacy.ledger import BudgetExceededError, PrivacyLedger, Release
 from lightning_dp.privacy.metrics import declare_metrics
@@ -69,6 +74,8 @@ class DPSGD(Callback):
         self.max_grad_norm, self.noise_multiplier = float(max_grad_norm), noise_multiplier
         self.private_modules, self.mode, self.noise_seed = list(private_modules), mode, noise_seed
         self.sample_rate: float | None = None
+        self.sensitivity = self.max_grad_norm  # C, plus 2·C_P per batch-coupled term (on_fit_start)
+        self._terms: list[Any] = []
         self.name = "dp_sgd/" + "+".join(self.private_modules)
         self._clipper: PerSampleClipper | None = None
         self._released_this_batch = False
@@ -84,9 +91,12 @@ class DPSGD(Callback):
         declare_metrics(pl_module, self.public_metrics)
 
     def _release(self, count: int) -> Release:
-        return Release(name=self.name, mechanism="subsampled_gaussian", sensitivity=self.max_grad_norm,
-                       noise_multiplier=self.noise_multiplier, sample_rate=self.sample_rate, count=count,
-                       note=f"clipped per-sample gradient sum of {', '.join(self.private_modules)}, C = {self.max_grad_norm:g}")
+        note = f"clipped per-sample gradient sum of {', '.join(self.private_modules)}, C = {self.max_grad_norm:g}"
+        if self._terms:
+            note += (f", plus {len(self._terms)} batch-coupled term(s) clipped whole to C_P = "
+                     f"{', '.join(f'{t.max_grad_norm:g}' for t in self._terms)}: Δ = C + 2·ΣC_P = {self.sensitivity:g}")
+        return Release(name=self.name, mechanism="subsampled_gaussian", sensitivity=self.sensitivity,
+                       noise_multiplier=self.noise_multiplier, sample_rate=self.sample_rate, count=count, note=note)
 
     @property
     def steps_done(self) -> int:
@@ -99,6 +109,8 @@ class DPSGD(Callback):
         if trainer.accumulate_grad_batches != 1:
             raise ValueError("Gradient accumulation changes DP-SGD's logical batch and would be mis-accounted: set "
                              "trainer.accumulate_grad_batches=1 and raise data.batch_size instead.")
+        self._terms = batch_terms(pl_module)  # registered by their callbacks' setup
+        self.sensitivity = self.max_grad_norm + 2 * sum(float(t.max_grad_norm) for t in self._terms)
         n, world = self.datamodule.released_num_rows, trainer.world_size  # DP or public, never the exact count
         if world > 1 and trainer._accelerator_connector.use_distributed_sampler:
             raise ValueError("Under DDP, DP-SGD shards and Poisson-samples the data itself: set "
@@ -110,7 +122,7 @@ class DPSGD(Callback):
         remaining = max(planned - self.steps_done, 1)
         if self.noise_multiplier is None:
             self.noise_multiplier = self.ledger.calibrate(
-                lambda s: [Release(name=self.name, mechanism="subsampled_gaussian", sensitivity=self.max_grad_norm,
+                lambda s: [Release(name=self.name, mechanism="subsampled_gaussian", sensitivity=self.sensitivity,
                                    noise_multiplier=s, sample_rate=self.sample_rate, count=remaining)])
         next_epsilon = self.ledger.epsilon_if([self._release(1)])
         if next_epsilon > self.ledger.target_epsilon and self.steps_done:
@@ -130,6 +142,11 @@ class DPSGD(Callback):
         seed = int(trainer.strategy.broadcast(seed, src=0)) if world > 1 else seed
         self._noise = mech.noise_generator(seed + self.steps_done, device=pl_module.device)
         modules = nn.ModuleDict({name: getattr(pl_module, name) for name in self.private_modules})
+        if self.mode == "auto" and (self._terms or getattr(pl_module, "needs_double_backward", False)):
+            self.mode = "microbatch"  # a gradient penalty or a batch term: only micro-batches compute them
+        if self._terms and self.mode != "microbatch":
+            raise ValueError(f"A batch-coupled term ({type(self._terms[0]).__name__}) needs DP-SGD's mode=microbatch "
+                             f"(or auto), got mode={self.mode}.")
         if self.mode != "microbatch":
             self._clipper = PerSampleClipper(modules, max_grad_norm=self.max_grad_norm, mode=self.mode)
         self._params = [p for p in modules.parameters() if p.requires_grad]
@@ -178,18 +195,32 @@ class DPSGD(Callback):
                 raise RuntimeError(f"{err}. If the private loss needs a double backward (a gradient penalty) or "
                                    "couples parameters across modules, use the DPSGD mechanism's mode=microbatch.") from err
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self._params]
+        for term in self._terms:  # batch-coupled terms: clipped whole, before the noise (batch_terms.py)
+            self._add_clipped_term(term, per_sample_loss, grads)
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
             flat = torch.cat([g.reshape(-1) for g in grads])
             dist.all_reduce(flat, op=dist.ReduceOp.SUM)  # the global clipped sum, before the noise
             grads = list(torch.split(flat, [g.numel() for g in grads]))
         sq_norm = torch.zeros((), device=grads[0].device if grads else None)
         for p, g, old in zip(self._params, grads, before):
-            noisy = mech.gaussian_noise(g.reshape(p.shape), sensitivity=self.max_grad_norm,
+            noisy = mech.gaussian_noise(g.reshape(p.shape), sensitivity=self.sensitivity,
                                         noise_multiplier=self.noise_multiplier, generator=self._noise,
                                         draw_dtype=None) / self._expected_batch
             sq_norm = sq_norm + noisy.detach().square().sum()
             p.grad = noisy if old is None else noisy + old
         self._noisy_norm = sq_norm.sqrt()
+
+    def _add_clipped_term(self, term: Any, per_sample_loss: Tensor, grads: list[Tensor]) -> None:
+        """``grads += clip(L·∇term, C_P)`` over the private parameters (the term's gradient in the sum convention)."""
+        value = term(per_sample_loss)
+        if value is None or not value.requires_grad:
+            return
+        parts = torch.autograd.grad(value * self._expected_batch, self._params, allow_unused=True)
+        parts = [torch.zeros_like(p) if g is None else g for p, g in zip(self._params, parts)]
+        norm = torch.sqrt(sum(g.double().square().sum() for g in parts))
+        scale = float(torch.clamp(float(term.max_grad_norm) / (norm + 1e-6), max=1.0))
+        for g, part in zip(grads, parts):
+            g.add_(part, alpha=scale)
 
     # ------------------------------------------------------------------ per batch
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:

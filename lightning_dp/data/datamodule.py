@@ -80,7 +80,7 @@ class PrivateDataModule(LightningDataModule):
 
     def prepare(self, ledger: PrivacyLedger, *, generator: torch.Generator, state: dict[str, Any] | None = None,
                 check_rows: Callable[[RowCount], None] | None = None, count_budget_fraction: float = 0.02,
-                private_use: bool = False) -> None:
+                private_use: bool = False, check_schema: Callable[[Any], None] | None = None) -> None:
         """Load, split and encode the private data; release (and charge) n and the schema facts that are not public.
 
         Order: everything that can fail on the user's input (files, schema, validation) runs before the
@@ -98,8 +98,12 @@ class PrivateDataModule(LightningDataModule):
             count_budget_fraction: Rényi-DP share of the DP row count.
             private_use: for audits and benchmarks, whose outputs are labelled private: without a ``state``
                 the exact count is used and nothing is released (a schema that needs a release is refused).
+            check_schema: called with the public schema (None for images) before anything is released (the
+                model's own checks, e.g. PPEM's sensitive columns).
         """
         source = self._load()
+        if check_schema is not None:
+            check_schema(source.schema if isinstance(source, TabularSource) else None)
         if private_use and state is None and isinstance(source, TabularSource) and needs_release(source.schema):
             raise DataError(f"The {source.name} schema leaves bounds or categories to a DP release: load it from the "
                             "run's checkpoint (its released schema), or declare them in the schema.")
@@ -201,7 +205,7 @@ class PrivateDataModule(LightningDataModule):
             return {"n_continuous": int(np.prod(self.image_shape)), "block_sizes": [],
                     "num_classes": len(self.classes)}
         return {"n_continuous": self.encoder.n_continuous, "block_sizes": self.encoder.block_sizes,
-                "num_classes": self.encoder.num_classes}
+                "num_classes": self.encoder.num_classes, "continuous_names": [c.name for c in self.encoder.continuous]}
 
     def decode(self, x: Tensor, y: Tensor) -> pd.DataFrame | dict[str, np.ndarray]:
         """Model-space samples → the user's columns (tabular) or ``{"images", "labels"}`` (images)."""

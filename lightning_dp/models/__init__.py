@@ -12,6 +12,7 @@ from typing import Any
 
 from lightning_dp.registry import (
     NETWORKS,
+    OPTIONAL_LAYOUT_KEYS,
     UnsafeConfigError,
     build,
     check_node,
@@ -26,8 +27,29 @@ MODELS = {
     "pearl": "lightning_dp.models.pearl.PEARL",
     "dp_gan": "lightning_dp.models.dp_gan.DPGAN",
     "dp_cgan": "lightning_dp.models.dp_gan.DPGAN",
+    "ppem": "lightning_dp.models.ppem.PPEM",
 }
-__all__ = ["MODELS", "NETWORKS", "build_mechanisms", "build_model", "check_model_config"]
+__all__ = ["MODELS", "NETWORKS", "build_mechanisms", "build_model", "check_data", "check_model_config"]
+
+
+def _taken(cls: type, layout: dict[str, Any]) -> dict[str, Any]:
+    """``layout`` less the optional keys ``cls`` does not take."""
+    names, var_keyword = parameters(cls)
+    return {k: v for k, v in layout.items() if k not in OPTIONAL_LAYOUT_KEYS or k in names or var_keyword}
+
+
+def check_data(model_cfg: Any, schema: Any) -> None:
+    """The model's own checks of the (public) schema, before any release: ``Module.check_schema(module_cfg,
+    schema)`` where the module class has one (``schema`` is None for images).
+
+    Raises:
+        ConfigError: the model cannot be trained on this data (the message names the setting and the fix).
+    """
+    cfg = check_model_config(model_cfg)
+    module_cls = resolve(cfg["module"]["_target_"], expected="module", where="model.module")
+    check = getattr(module_cls, "check_schema", None)
+    if check is not None:
+        check(cfg["module"], schema)
 
 
 def check_model_config(model_cfg: Any, *, where: str = "model") -> dict[str, Any]:
@@ -93,8 +115,9 @@ def build_model(model_cfg: Any, layout: dict[str, Any]) -> Any:
         node = cfg.get(key)
         if node is not None:
             extra = {k: v for k, v in net_layout.items() if k not in node}  # the config may override the layout
-            nets[key] = build(node, expected="network", where=f"model.{key}", **extra)
-    return build(cfg["module"], expected="module", where="model.module", **nets, **layout)
+            net_cls = resolve(node["_target_"], expected="network", where=f"model.{key}")
+            nets[key] = build(node, expected="network", where=f"model.{key}", **_taken(net_cls, extra))
+    return build(cfg["module"], expected="module", where="model.module", **nets, **_taken(module_cls, layout))
 
 
 def build_mechanisms(model_cfg: Any, *, ledger: Any, datamodule: Any, noise_seed: int | None = None) -> list[Any]:

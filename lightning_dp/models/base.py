@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import torch
 from pytorch_lightning import LightningModule
 from torch import Tensor
 
+from lightning_dp.privacy.batch_terms import batch_terms
 from lightning_dp.privacy.metrics import check_declared, declared_metrics
 
 
@@ -28,6 +30,32 @@ class GeneratorModule(LightningModule):
         check_declared(name, declared_metrics(self))
         kwargs["batch_size"] = 1
         super().log(name, value, *args, **kwargs)
+
+    @staticmethod
+    def exposed_networks(module_cfg: Mapping[str, Any]) -> list[str]:
+        """Attribute names of the networks whose training reads private rows, for a module config.
+
+        A DP run must cover each with DP-SGD (its ``private_modules``); ``privacy/coverage.py`` refuses a run
+        that does not, before anything is released, unless the user waives the DP claim (``privacy=none``).
+        Modules that see data only through one-shot releases (DP-MERF, PEARL) read none in training.
+        """
+        return []
+
+    def backward(self, loss: Tensor, *args: Any, **kwargs: Any) -> None:
+        """A per-sample loss (shape (B,)) without a DP mechanism: its mean plus the registered batch terms.
+
+        DP-SGD replaces this hook with its private backward; this is the plain, non-private path.
+        """
+        if loss.dim() == 1:
+            if loss.numel() == 0:
+                return
+            total = loss.mean()
+            for term in batch_terms(self):
+                value = term(loss)
+                if value is not None:
+                    total = total + value
+            loss = total
+        super().backward(loss, *args, **kwargs)
 
     def init_label_buffer(self, num_classes: int) -> None:
         self.num_classes = num_classes

@@ -61,6 +61,11 @@ class DPGAN(GeneratorModule):
             raise ValueError(f"Unknown GAN loss {loss!r}; valid: bce, wgan_gp.")
 
     @staticmethod
+    def exposed_networks(module_cfg: Any) -> list[str]:
+        """The discriminator reads real rows; the generator only the discriminator's released parameters."""
+        return ["discriminator"]
+
+    @staticmethod
     def net_layout(layout: dict[str, Any], module_cfg: Any) -> dict[str, Any]:
         """Unconditional: the label becomes the last one-hot block of the generated row."""
         if module_cfg.get("conditional", True) or layout["num_classes"] <= 1:

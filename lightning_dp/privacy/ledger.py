@@ -180,6 +180,8 @@ class PrivacyLedger:
         self.adjacency = adjacency
         self.orders = tuple(float(a) for a in orders)
         self.releases: list[Release] = []
+        # uses of private rows outside any mechanism (name -> why): each voids the run's DP claim (:meth:`waive`)
+        self.no_dp_claim: dict[str, str] = {}
         # durability (``durable`` and ``record``): ``persist(ledger)`` writes the ledger itself (ledger.json),
         # ``commit()`` saves the released values a resumed run needs together with the ledger (a checkpoint)
         self.persist: Callable[[PrivacyLedger], None] | None = None
@@ -286,6 +288,31 @@ class PrivacyLedger:
             else:
                 merged.append(p)
         return merged
+
+    # ------------------------------------------------------------------ the claim
+    @property
+    def dp_claim(self) -> bool:
+        """True unless some part of the run used private rows outside a mechanism (:meth:`waive`)."""
+        return not self.no_dp_claim
+
+    def waive(self, name: str, note: str) -> None:
+        """Record that ``name`` trains on private rows without a DP mechanism: the run makes no DP claim.
+
+        The (ε, δ) of the recorded releases is still composed and enforced (the row count and the schema facts
+        are DP), but it no longer bounds what the run's artefacts reveal, and every view of the ledger
+        (``ledger.json``, :meth:`summary`, the audit report) says so. A waiver is never withdrawn: it is kept
+        in the state, so a resumed run stays without a claim.
+
+        Raises:
+            ReleaseNotSavedError: the ledger could not be written; the run must not train.
+        """
+        before = dict(self.no_dp_claim)
+        self.no_dp_claim[name] = note
+        try:
+            self._persist()
+        except BaseException:
+            self.no_dp_claim = before
+            raise
 
     # ------------------------------------------------------------------ recording
     def has(self, name: str) -> bool:
@@ -426,6 +453,7 @@ class PrivacyLedger:
             "adjacency": self.adjacency,
             "orders": list(self.orders),
             "releases": [asdict(r) for r in self.releases],
+            "no_dp_claim": dict(self.no_dp_claim),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -444,6 +472,7 @@ class PrivacyLedger:
         self.orders = tuple(state["orders"])
         self._epsilon_cache = {}  # computed for the old orders
         self.releases = [Release(**r) for r in state["releases"]]
+        self.no_dp_claim = {**dict(state.get("no_dp_claim") or {}), **self.no_dp_claim}  # never withdrawn
 
     @staticmethod
     def most_advanced(states: Sequence[tuple[str, dict[str, Any]]]) -> tuple[str, dict[str, Any]]:
@@ -470,7 +499,8 @@ class PrivacyLedger:
                 raise ValueError(f"The ledger in {other_where} and the one in {where} do not describe the same run "
                                  "(a release or the target differs). The run's files were changed or mixed up: "
                                  "it cannot be resumed safely; start a new run.")
-        return where, best
+        waived = {k: v for _, state in states for k, v in (state.get("no_dp_claim") or {}).items()}
+        return where, {**best, "no_dp_claim": waived}  # a waiver in any record stands (never withdrawn)
 
     @classmethod
     def from_state_dict(cls, state: dict[str, Any]) -> PrivacyLedger:
@@ -498,6 +528,8 @@ class PrivacyLedger:
                 }
             )
         return {
+            "dp_claim": self.dp_claim,
+            "no_dp_claim": [{"name": k, "note": v} for k, v in self.no_dp_claim.items()],
             "target_epsilon": self.target_epsilon,
             "delta": self.delta,
             "epsilon": self.spent,
@@ -514,7 +546,8 @@ class PrivacyLedger:
         fields = {f.name for f in dataclasses.fields(Release)}
         return {**{k: d[k] for k in ("target_epsilon", "delta", "accountant", "adjacency")},
                 "orders": list(d.get("orders", mech.DEFAULT_ORDERS)),
-                "releases": [{k: v for k, v in r.items() if k in fields} for r in d["releases"]]}
+                "releases": [{k: v for k, v in r.items() if k in fields} for r in d["releases"]],
+                "no_dp_claim": {w["name"]: w["note"] for w in d.get("no_dp_claim") or []}}
 
     def save_json(self, path: str) -> None:
         """Write :meth:`to_dict` to ``path`` atomically."""
@@ -522,4 +555,7 @@ class PrivacyLedger:
 
     def summary(self) -> str:
         """One line for logs: ``ε = 0.98 of 1 (δ = 1e-05), 3 releases``."""
-        return f"ε = {self.spent:.4g} of {self.target_epsilon:g} (δ = {self.delta:g}), {len(self.releases)} releases"
+        text = f"ε = {self.spent:.4g} of {self.target_epsilon:g} (δ = {self.delta:g}), {len(self.releases)} releases"
+        if self.no_dp_claim:
+            text += f"; NO DP CLAIM for the run ({', '.join(self.no_dp_claim)} trained on private rows without DP)"
+        return text

@@ -95,8 +95,11 @@ def test_train_with_audit_writes_both_report_files(run):
     assert audit["report"] == str(out / "report.html") and audit["json"] == str(out / "report.json")
     report = json.loads((out / "report.json").read_text())
     assert set(report["checks"]) == set(CHECKS) and all(
-        c["status"] == "ran" for c in report["checks"].values()
+        c["status"] == "ran" for name, c in report["checks"].items() if name != "lmdp_ksd"
     )
+    # DP-MERF is not an energy model: the KSD tests do not apply and set no verdict
+    ksd = report["checks"]["lmdp_ksd"]
+    assert ksd["status"] == "skipped" and ksd["applies"] is False and "not an energy model" in ksd["reason"]
     assert audit["status"] == report["status"] in STATUSES and audit["summary"] == report["summary"]
     assert (report["status"], report["status_reason"]) == overall_status(report["verdicts"])
     assert len(report["verdicts"]) == 9  # 3 attacks, 2 disclosures, α-LMDP, utility, 2 fidelity thresholds
@@ -109,7 +112,8 @@ def test_train_with_audit_writes_both_report_files(run):
     assert len(audit["summary"]) == len(CHECKS)
     for line, name in zip(audit["summary"], CHECKS):
         role = " (expectation)" if name in ("utility", "fidelity") else ""
-        assert line.startswith(f"{_check_status(report, name).upper()} {name}{role}: "), line
+        tag = "SKIP" if name == "lmdp_ksd" else _check_status(report, name).upper()
+        assert line.startswith(f"{tag} {name}{role}: "), line
     ledger = json.loads((out / "ledger.json").read_text())
     assert (
         report["ledger"]["releases"] == ledger["releases"]
@@ -197,9 +201,10 @@ def test_report_json_opens_with_its_privacy_label(run):
     assert list(privacy["from_real_rows"]) == [
         "inputs",
         "candidates",
-        *(f"checks.{name}" for name in CHECKS),
+        *(f"checks.{name}" for name in CHECKS if name != "lmdp_ksd"),  # skipped: not an energy model
         "verdicts",
     ]
+    assert privacy["run_dp_claim"] is True and privacy["no_dp_claim"] == []
     statement = privacy["statement"]
     for words in (
         "computed from the real private rows, REAL (training) and HOLDOUT",
@@ -404,6 +409,7 @@ def test_policy_defaults_and_forms():
         "presence_disclosure",
         "attribute_disclosure",
         "lmdp_mmd",
+        "lmdp_ksd",
     ]
     assert list(default["expectations"]) == ["utility", "fidelity"]
     assert default["max_candidates"] == 1000 and default["confidence"] == 0.95

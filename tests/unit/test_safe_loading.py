@@ -40,7 +40,8 @@ from tests.conftest import ROOT, make_cfg
 
 VICTIM_TEXT = "precious results, do not truncate\n"
 MODULES = (
-    "lightning_dp.models.dp_merf.DPMERF, lightning_dp.models.pearl.PEARL, lightning_dp.models.dp_gan.DPGAN"
+    "lightning_dp.models.dp_merf.DPMERF, lightning_dp.models.pearl.PEARL, lightning_dp.models.dp_gan.DPGAN, "
+    "lightning_dp.models.ppem.PPEM"
 )
 DPMERF_SETTABLE = "num_features, bandwidth, bandwidth_scale, batch_size, steps_per_epoch, lr, rff_seed"
 
