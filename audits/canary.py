@@ -386,3 +386,105 @@ class PPEMCanary:
     def __call__(self, with_canary: bool, seed: int) -> float:
         released = self._releases(self._data(with_canary), noise_multiplier=None, seed=seed)
         return sum(float((r - c) @ u) for r, c, u in zip(released, self.clean[0], self.directions))
+
+
+class IWGMMNCanary:
+    """The DP importance-weighted GMMN (``model=iw_gmmn``, ``standardize=none``, ``privacy=dp_sgd``) audited on
+    its released generator gradients.
+
+    The generator reads private rows directly through MMD² ("Distribution Distance Measures in Generative and
+    Privacy Models", Diesendruck 2019, Eq. 3.3); its θ-gradient is a public within-generated term plus the mean
+    of per-row terms ℓ_i = −(2/m) w_i Σ_j k(x_i, G(z_j)), which DP-SGD clips (``models/iw_mmd_gan.py``). Each trial
+    runs ``steps`` calls of the real ``IWMMDGenerator.training_step`` under the real ``DPSGD`` callback (its
+    micro-batch engine, full batches, the model held still) on D or D ∪ {c}, so every step releases
+    ``L·g̃_t = Σ_i clip_C(∇ℓ_i) + N(0, σ²C²) + L·∇(public term)``. The generated batch (z of step t) is seeded
+    and public; the attacker knows D, the weights and the model, computes the noiseless releases f_t(D) and
+    f_t(D ∪ {c}) and projects the residual on their difference, as :class:`PPEMCanary`::
+
+        score = Σ_t ⟨L·g̃_t − f_t(D), u_t⟩,   u_t = (f_t(D ∪ {c}) − f_t(D)) / ‖f_t(D ∪ {c}) − f_t(D)‖.
+
+    Give the canary a large weight (``weights``) to test that a weight cannot raise the sensitivity: the
+    canary's gradient is clipped like any other row's, so the release still moves by at most C.
+
+    Args:
+        rows: D as whole model-space rows in [0, 1]^d (the label, if any, one-hot inside), (n, d).
+        canary: the planted row, (d,).
+        weights: the known weights w(x) of a batch of rows, (B, d) → (B,) (the role of ``model.weights``);
+            None is w ≡ 1.
+        estimator: ``iw`` or ``standard`` (the estimators the DP variant allows).
+        epsilon, delta: the claim; σ is calibrated by the callback for ``steps`` steps.
+        steps: private steps per trial.
+        max_grad_norm: C.
+        batch_size: generated rows m per step.
+
+    Raises:
+        ValueError: an estimator the DP variant refuses, or rows and canary of different widths.
+    """
+
+    def __init__(self, rows: Tensor, canary: Tensor, *, weights: Callable[[Tensor], Tensor] | None = None,
+                 estimator: str = "iw", epsilon: float, delta: float, steps: int = 2, max_grad_norm: float = 1.0,
+                 batch_size: int = 16) -> None:
+        from lightning_dp.models.iw_mmd_gan import PER_SAMPLE, IWMMDGenerator
+        from lightning_dp.nets.mmd_nets import ResidualELUGenerator
+
+        if estimator not in PER_SAMPLE:
+            raise ValueError(f"estimator={estimator!r}: the DP iw_gmmn allows {', '.join(PER_SAMPLE)} only.")
+        if rows.ndim != 2 or canary.shape != (rows.shape[1],):
+            raise ValueError(f"rows must be (n, d) and the canary (d,); got {tuple(rows.shape)} and "
+                             f"{tuple(canary.shape)}.")
+        self.rows, self.canary = rows.float(), canary.float().reshape(1, -1)
+        self.weights, self.epsilon, self.delta = weights, epsilon, delta
+        self.steps, self.max_grad_norm = steps, max_grad_norm
+        d = rows.shape[1]
+        torch.manual_seed(0)  # public initialisation, the same in every trial
+        generator = ResidualELUGenerator(n_continuous=d, latent_dim=10, width=10, blocks=2)  # model=iw_gmmn's
+        self.module = IWMMDGenerator(generator, n_continuous=d, estimator=estimator, standardize="none",
+                                     batch_size=batch_size)
+        self._init = {k: v.clone() for k, v in self.module.state_dict().items()}
+        self.noise_multiplier: float | None = None
+        self.clean = [self._releases(False, noise_multiplier=1e-12, seed=0),
+                      self._releases(True, noise_multiplier=1e-12, seed=0)]
+        self.directions = [(b - a) / (b - a).norm() for a, b in zip(*self.clean)]
+
+    def _releases(self, with_canary: bool, *, noise_multiplier: float | None, seed: int) -> list[Tensor]:
+        """L·g̃_t of each step on D or D ∪ {c} (``noise_multiplier=None``: calibrated to the claim)."""
+        from lightning_dp.callbacks.dp_sgd import DPSGD
+        from lightning_dp.privacy.ledger import PrivacyLedger
+
+        module = self.module
+        module.load_state_dict(self._init)
+        x = torch.cat([self.rows, self.canary]) if with_canary else self.rows
+        y = torch.zeros(len(x), dtype=torch.long)
+        n = len(self.rows) + 1  # the same q = L/N = 1 on both sides: every row is in every batch
+        ledger = PrivacyLedger(target_epsilon=self.epsilon if noise_multiplier is None else 1e30, delta=self.delta)
+        mech = DPSGD(ledger=ledger, datamodule=SimpleNamespace(released_num_rows=n, batch_size=n,
+                                                                  use_poisson_sampling=lambda **_: None),
+                     max_grad_norm=self.max_grad_norm, noise_multiplier=noise_multiplier, noise_seed=seed,
+                     private_modules=["generator"])
+        stub = SimpleNamespace(max_steps=self.steps, max_epochs=1, world_size=1, global_rank=0,
+                               accumulate_grad_batches=1, strategy=None,
+                               _accelerator_connector=SimpleNamespace(use_distributed_sampler=False))
+        mech.on_fit_start(stub, module)
+        if mech.mode != "microbatch":  # what IWMMDGenerator.on_fit_start insists on
+            raise RuntimeError(f"DP-SGD chose mode={mech.mode}; the generator's per-row losses need microbatch.")
+        if noise_multiplier is None:
+            self.noise_multiplier = mech.noise_multiplier
+        params = list(module.generator.parameters())
+        # what the trainer supplies to training_step: its optimizer (held still: no step) and manual_backward
+        module.optimizers = lambda: SimpleNamespace(zero_grad=lambda: [setattr(p, "grad", None) for p in params],
+                                                    step=lambda: None)
+        module.manual_backward = lambda loss, *args, **kwargs: module.backward(loss, *args, **kwargs)
+        module._known_weights = None if self.weights is None else (lambda rows, _y: self.weights(rows))
+        out = []
+        for t in range(self.steps):
+            torch.manual_seed(10_000 + t)  # the step's generated batch, public and the same on both sides
+            mech._released_this_batch = False
+            module.training_step((x, y), t)
+            out.append(torch.cat([p.grad.reshape(-1) for p in params]).detach() * n)
+        mech.on_fit_end(stub, module)
+        return out
+
+    def __call__(self, with_canary: bool, seed: int) -> float:
+        """One trial: the attack score of ``steps`` releases (see the class docstring)."""
+        released = self._releases(with_canary, noise_multiplier=None, seed=seed)
+        return sum(float((r - c) @ u) for r, c, u in zip(released, self.clean[0], self.directions))

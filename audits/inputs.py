@@ -265,7 +265,7 @@ def _strip(s: pd.Series, tokens: set[str]) -> pd.Series:
     if s.dtype == object or pd.api.types.is_string_dtype(s):
         s = s.astype(object).where(s.notna(), None)
         s = s.map(lambda v: v.strip() if isinstance(v, str) else v)
-        s = s.map(lambda v: np.nan if v is None or (isinstance(v, str) and v in tokens) else v)
+        s = s.map(lambda v: np.nan if v is None or (isinstance(v, str) and (v in tokens or v == "")) else v)  # "": empty
     return s
 
 

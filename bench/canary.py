@@ -7,7 +7,9 @@ and runs ``--trials`` releases with and ``--trials`` without it through the real
 * at the claimed (ε, δ) = (1, 1e-5): the bound must stay below ε = 1 (the audit finds no violation);
 * with the noise switched off (target ε = 1e4, σ ≈ 0.01): the bound must exceed 1 (the audit has power).
 
-Then the same for DP-SGD (``SGDCanary``: the real ``DPSGD`` callback's noisy gradient releases, full batches).
+Then the same for DP-SGD (``SGDCanary``: the real ``DPSGD`` callback's noisy gradient releases, full batches),
+and for the DP importance-weighted GMMN (``IWGMMNCanary``: the real ``IWMMDGenerator`` step under ``DPSGD``, the
+canary weighted 50× to show that a weight cannot raise the sensitivity).
 
 Also prints the tight ε of the Gaussian mechanism the attack sees (μ = √2/σ for the sums and counts
 together; √T/σ for T DP-SGD steps): what an optimal attack approaches with unboundedly many trials.
@@ -18,15 +20,17 @@ together; √T/σ for T DP-SGD steps): what an optimal attack approaches with un
 from __future__ import annotations
 
 import argparse
+import logging
 import math
 import time
 from pathlib import Path
 
+import torch
 from hydra import compose, initialize_config_dir
 from scipy.optimize import brentq
 from scipy.stats import norm
 
-from audits.canary import EmbeddingCanary, SGDCanary, audit_trials
+from audits.canary import EmbeddingCanary, IWGMMNCanary, SGDCanary, audit_trials
 from lightning_dp.data.datamodule import PrivateDataModule
 from lightning_dp.privacy.ledger import PrivacyLedger
 from lightning_dp.privacy.mechanisms import noise_generator
@@ -86,6 +90,23 @@ def main() -> None:
     for label, epsilon in (("claimed ε = 1", 1.0), ("noise off (ε target 1e4)", 1e4)):
         trial = SGDCanary(dm.x, far, epsilon=epsilon, delta=DELTA, steps=steps)
         audit_and_print(label, trial, trials=args.trials, mu=lambda s: math.sqrt(steps) / s)
+    print(
+        f"\nDP importance-weighted GMMN (model=iw_gmmn standardize=none privacy=dp_sgd: the real IWMMDGenerator step "
+        f"and DPSGD, full batches, {steps} steps, C = 1) on the same D (label one-hot in the row), the canary its "
+        "first held-out row with weight 50 (the others 1):"
+    )
+    rows = torch.cat([dm.x, torch.nn.functional.one_hot(dm.y, dm.layout["num_classes"]).float()], 1)
+    planted = torch.cat([canary_x[0], torch.nn.functional.one_hot(torch.tensor(int(canary_y[0])),
+                                                                  dm.layout["num_classes"]).float()])
+
+    def weights(x: torch.Tensor) -> torch.Tensor:
+        return 1.0 + 49.0 * ((x - planted).abs().sum(1) < 1e-6).float()
+
+    logging.getLogger("lightning_dp.callbacks.dp_sgd").setLevel(logging.ERROR)  # "only a few steps": intended
+    for label, epsilon in (("claimed ε = 1", 1.0), ("noise off (ε target 1e4)", 1e4)):
+        trial = IWGMMNCanary(rows, planted, weights=weights, epsilon=epsilon, delta=DELTA, steps=steps)
+        shift = math.sqrt(sum(float((b - a).norm()) ** 2 for a, b in zip(*trial.clean)))  # ≤ √T·C
+        audit_and_print(label, trial, trials=args.trials, mu=lambda s, shift=shift: shift / s)
 
 
 def audit_and_print(label: str, trial, *, trials: int, mu) -> None:

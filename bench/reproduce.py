@@ -18,11 +18,18 @@ command. ``--validate`` carves a validation split (20%, fixed seed) out of the r
 on the rest and scores on it, so that hyperparameters are chosen without the test set (DP-MERF pitfall 12);
 ``--set`` adds Hydra overrides to every run of the table and ``--only LABEL`` keeps only those runs.
 ``--quick`` fits 6 fast classifiers and one seed.
+
+A table with a ``bench:`` entry runs its own experiment: ``bench/<script>.py`` (``bench.script``) trains, scores
+and renders the section with ``section(table, *, seeds, quick, extra, out, command, code, log)``, e.g.
+``iw_mmd_synthetic`` (``bench/iw_mmd.py``: the thesis' Ch. 3 synthetic GMMNs, shorter in ``--quick``) and
+``mmd_gan_ae_ehr`` (``bench/mmd_gan_ae.py``: ``train.py`` then ``python -m audits`` per data set and seed) and
+``support_points_diabetes`` (``bench/regression_cv.py``: 5-fold CV of a linear regression on each generator's rows).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import logging
 import platform
 import re
@@ -118,6 +125,7 @@ class Table:
     per_classifier_title: str = ""
     notes: list[str] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)
+    bench: dict[str, Any] = field(default_factory=dict)  # {script: bench/<script>.py with section(), its settings}
 
 
 def load_tables(path: Path = REGISTRY) -> dict[str, Table]:
@@ -130,6 +138,17 @@ def load_tables(path: Path = REGISTRY) -> dict[str, Table]:
         spec["fidelity"] = [tuple(c) for c in spec.get("fidelity", [])]
         tables[name] = Table(name=name, runs=runs, **spec)
     return tables
+
+
+def bench_script(script: str) -> Any:
+    """``bench/<script>.py`` of a table with a ``bench`` entry: it runs its own experiment and renders the section
+    with ``section(table, *, seeds, quick, extra, out, command, code, log)``."""
+    name = f"bench_{script}"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{script}.py")
+        sys.modules[name] = module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    return sys.modules[name]
 
 
 def names_of(preset: str | list[str]) -> list[str]:
@@ -766,6 +785,19 @@ def reproduce(
         n = seeds or (1 if quick else table.seeds)
         log(f"== {table.name}: {table.title} ({n} seed(s))")
         start = time.perf_counter()
+        if table.bench:  # a bench script's own experiment (no scored train(cfg) runs here)
+            if validate:
+                log(f"  {table.name}: --validate does not apply (no real test split is scored); skipped")
+                continue
+            text = bench_script(table.bench["script"]).section(
+                table, seeds=n, quick=quick, extra=extra, out=out / table.name, command=command,
+                code=code_version(), log=log)
+            log("\n" + text)
+            key = section_key(table.name, validate, extra, only)
+            sections[key] = text
+            if on_section is not None:
+                on_section(key, text)
+            continue
         for run in table.runs:
             try:
                 runner.score(table, run, list(range(n)))

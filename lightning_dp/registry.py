@@ -38,16 +38,26 @@ REGISTRY: dict[str, tuple[str, ...]] = {
         "lightning_dp.models.pearl.PEARL",
         "lightning_dp.models.dp_gan.DPGAN",
         "lightning_dp.models.ppem.PPEM",
+        "lightning_dp.models.support_points.SupportPoints",
+        "lightning_dp.models.perturbed_histogram.PerturbedHistogram",
+        "lightning_dp.models.iw_mmd_gan.IWMMDGenerator",
+        "lightning_dp.models.iw_mmd_gan.IWMMDGAN",
+        "lightning_dp.models.mmd_gan_ae.MMDGANAE",
     ),
     "network": (
         "lightning_dp.nets.generators.ConditionalGenerator",
         "lightning_dp.nets.discriminators.ConditionalDiscriminator",
+        "lightning_dp.nets.mmd_nets.ResidualELUGenerator",
+        "lightning_dp.nets.mmd_nets.AEDiscriminator",
     ),
     "mechanism": (
         "lightning_dp.callbacks.sanitized_embedding.SanitizedEmbedding",
         "lightning_dp.callbacks.dp_sgd.DPSGD",
         "lightning_dp.callbacks.label_proportions.LabelProportions",
         "lightning_dp.callbacks.ksd_penalty.KSDPenalty",
+        "lightning_dp.callbacks.private_support_points.PrivateSupportPoints",
+        "lightning_dp.callbacks.perturbed_histogram.LaplaceHistogram",
+        "lightning_dp.callbacks.weight_refresh.WeightRefresh",
     ),
 }
 KINDS = tuple(REGISTRY)

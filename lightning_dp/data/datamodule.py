@@ -35,7 +35,7 @@ class PrivateDataModule(LightningDataModule):
     """Private data for one run.
 
     Args:
-        name: data set name (``breast_cancer``, ``adult``, ``cervical``, ``csv``, ``mnist_test``,
+        name: data set name (``breast_cancer``, ``diabetes``, ``adult``, ``cervical``, ``csv``, ``mnist_test``,
             ``digits``, ``npz``).
         root: folder of the shared data sets (default ``../shared/data`` beside the project).
         path, schema, test_path: for ``csv``/``npz``: the file, its schema YAML (required for tables:

@@ -21,7 +21,7 @@ from lightning_dp.data.schema import DataError, Schema
 
 log = logging.getLogger(__name__)
 
-TABULAR = ("breast_cancer", "adult", "cervical", "csv")
+TABULAR = ("breast_cancer", "diabetes", "adult", "cervical", "csv")
 IMAGES = ("mnist_test", "digits", "npz")
 DEFAULT_ROOT = Path(__file__).resolve().parents[2].parent / "shared" / "data"
 
@@ -99,6 +99,20 @@ def load_breast_cancer(**_: object) -> TabularSource:
     df = pd.DataFrame(bc.data, columns=list(bc.feature_names))
     df["diagnosis"] = np.asarray(bc.target_names, dtype=object)[bc.target]
     return TabularSource(train=df, test=None, schema=bundled_schema("breast_cancer"), name="breast_cancer")
+
+
+def load_diabetes(**_: object) -> TabularSource:
+    """scikit-learn's diabetes data (442 × 10 features + a regression target), bundled with scikit-learn.
+
+    The features as scikit-learn ships them (mean-centred, scaled so that each column's squares sum to 1), the
+    target (disease progression after one year) as the last column, a continuous column: no label.
+    """
+    from sklearn.datasets import load_diabetes as sk_load
+
+    d = sk_load()
+    df = pd.DataFrame(d.data, columns=list(d.feature_names))
+    df["target"] = d.target
+    return TabularSource(train=df, test=None, schema=bundled_schema("diabetes"), name="diabetes")
 
 
 def load_adult(root: str | Path | None = None, **_: object) -> TabularSource:
@@ -199,7 +213,7 @@ def load_npz(path: str | Path | None = None, num_classes: int | None = None, **_
 
 
 LOADERS: dict[str, Callable[..., TabularSource | ImageSource]] = {
-    "breast_cancer": load_breast_cancer, "adult": load_adult, "cervical": load_cervical, "csv": load_csv,
+    "breast_cancer": load_breast_cancer, "diabetes": load_diabetes, "adult": load_adult, "cervical": load_cervical, "csv": load_csv,
     "mnist_test": load_mnist_test, "digits": load_digits, "npz": load_npz,
 }
 

@@ -28,6 +28,11 @@ MODELS = {
     "dp_gan": "lightning_dp.models.dp_gan.DPGAN",
     "dp_cgan": "lightning_dp.models.dp_gan.DPGAN",
     "ppem": "lightning_dp.models.ppem.PPEM",
+    "support_points": "lightning_dp.models.support_points.SupportPoints",
+    "perturbed_histogram": "lightning_dp.models.perturbed_histogram.PerturbedHistogram",
+    "iw_gmmn": "lightning_dp.models.iw_mmd_gan.IWMMDGenerator",
+    "iw_mmd_gan": "lightning_dp.models.iw_mmd_gan.IWMMDGAN",
+    "mmd_gan_ae": "lightning_dp.models.mmd_gan_ae.MMDGANAE",
 }
 __all__ = ["MODELS", "NETWORKS", "build_mechanisms", "build_model", "check_data", "check_model_config"]
 
@@ -40,7 +45,9 @@ def _taken(cls: type, layout: dict[str, Any]) -> dict[str, Any]:
 
 def check_data(model_cfg: Any, schema: Any) -> None:
     """The model's own checks of the (public) schema, before any release: ``Module.check_schema(module_cfg,
-    schema)`` where the module class has one (``schema`` is None for images).
+    schema)`` where the module class has one (``schema`` is None for images), and ``Mechanism.check_settings(node)``
+    for each mechanism class that has one (its settings, which are otherwise checked only when it is built, after
+    the row count's release).
 
     Raises:
         ConfigError: the model cannot be trained on this data (the message names the setting and the fix).
@@ -50,6 +57,11 @@ def check_data(model_cfg: Any, schema: Any) -> None:
     check = getattr(module_cls, "check_schema", None)
     if check is not None:
         check(cfg["module"], schema)
+    for i, node in enumerate(cfg.get("mechanisms") or []):
+        mechanism_cls = resolve(node["_target_"], expected="mechanism", where=f"model.mechanisms[{i}]")
+        check_settings = getattr(mechanism_cls, "check_settings", None)
+        if check_settings is not None:
+            check_settings({k: v for k, v in node.items() if k != "_target_"})
 
 
 def check_model_config(model_cfg: Any, *, where: str = "model") -> dict[str, Any]:

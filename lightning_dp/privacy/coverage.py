@@ -43,6 +43,18 @@ def uncovered_networks(model_cfg: Any) -> list[str]:
     return [name for name in _declared(model_cfg, "exposed_networks") if name not in covered]
 
 
+def nominal_mechanisms(model_cfg: Any) -> list[tuple[str, str]]:
+    """``(name, why)`` of each mechanism whose guarantee, with its settings, rests on an unproved bound
+    (the class's ``nominal_guarantee(node)`` returns the reason, or None when its guarantee is proved)."""
+    out = []
+    for i, node in enumerate(to_plain(model_cfg).get("mechanisms") or []):
+        cls = resolve(node["_target_"], expected="mechanism", where=f"model.mechanisms[{i}]")
+        why = cls.nominal_guarantee(node) if hasattr(cls, "nominal_guarantee") else None
+        if why:
+            out.append((node["_target_"].rsplit(".", 1)[-1], why))
+    return out
+
+
 def check_coverage(cfg: Any) -> None:
     """Refuse, before any release, a DP run with a network that reads private rows without DP-SGD.
 
@@ -51,8 +63,17 @@ def check_coverage(cfg: Any) -> None:
             or ``privacy.dp_sgd`` is set beside a DP-SGD mechanism that leaves a network out.
     """
     name = cfg.model.get("name")
+    nominal = nominal_mechanisms(cfg.model)
+    if nominal and cfg.privacy.get("require_dp", True):
+        raise ConfigError(f"model={name}: {nominal[0][1]}, so the run can make no DP claim. Change that setting, or "
+                          "add privacy=none to run with a nominal guarantee (the ledger says the run makes no DP claim).")
     unprotected = unprotected_networks(cfg.model)
     if unprotected and (cfg.privacy.get("dp_sgd") or cfg.privacy.get("require_dp", True)):
+        module_cfg = to_plain(cfg.model)["module"]
+        module_cls = resolve(module_cfg["_target_"], expected="module", where="model.module")
+        if hasattr(module_cls, "unprotected_reason"):  # the module's own reason and fix
+            raise ConfigError(f"model={name} trains {', '.join(unprotected)} on private rows outside a per-sample "
+                              f"loss, which DP-SGD cannot cover: {module_cls.unprotected_reason(module_cfg)}.")
         raise ConfigError(f"model={name} trains {', '.join(unprotected)} on private rows outside a per-sample loss, "
                           "which DP-SGD cannot cover (for PPEM: generator_condition=real). Use model.module."
                           "generator_condition=generated for a DP run, or privacy=none to train without a DP claim.")
@@ -80,6 +101,9 @@ def complete_mechanisms(cfg: Any, mechanisms: list[Any], *, ledger: Any, datamod
     """
     from lightning_dp.callbacks.dp_sgd import DPSGD
 
+    for name, why in nominal_mechanisms(cfg.model):
+        ledger.waive(name, f"{why}: its (ε, δ) is nominal")
+        log.warning("NO DP CLAIM: %s (privacy=none).", why)
     left = uncovered_networks(cfg.model)
     unprotected = unprotected_networks(cfg.model)
     if not left and not unprotected:

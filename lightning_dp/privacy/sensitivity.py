@@ -34,6 +34,15 @@ def count_sensitivity(*, adjacency: str) -> float:
     return 1.0 if adjacency == "add_remove" else math.sqrt(2.0)
 
 
+def histogram_sensitivity(*, adjacency: str) -> float:
+    """L1 sensitivity of a histogram's cell counts: 1 (add/remove: one cell ±1) or 2 (replace-one: one cell −1,
+    another +1). The thesis' baseline scales its Laplace noise by 1/α, right only for add/remove
+    ("Distribution Distance Measures in Generative and Privacy Models", Diesendruck 2019, §5.7)."""
+    if adjacency not in ("add_remove", "replace_one"):
+        raise ValueError(f"Unknown adjacency {adjacency!r}; valid: add_remove, replace_one.")
+    return 1.0 if adjacency == "add_remove" else 2.0
+
+
 def heterogeneous_feature_norm(*, n_blocks: int) -> float:
     """``||[φ(x_con); x_dis/√K]|| = sqrt(1 + Σ x_dis²/K) = √2`` when each of the K one-hot blocks has one 1
     (eq. 17). With no blocks it is the RFF norm, 1."""
@@ -48,3 +57,29 @@ def moment_sensitivity(*, dim: int, adjacency: str) -> float:
     """
     del dim  # the scaling by d is what makes the bound dimension-free
     return math.sqrt(3.0) if adjacency == "add_remove" else math.sqrt(2.0)
+
+
+def energy_sensitivity(*, n_ref: int, d: int, p: float) -> float:
+    """``Δf = 2 d^{1/p} (2N − 1)/N²`` of the energy score ``−e(·, X)`` when one of the N reference points changes.
+
+    "Distribution Distance Measures in Generative and Privacy Models" (Diesendruck 2019), Eqs. 5.7–5.10:
+    replacing one reference point moves the cross term by at most ``(2/(N n))·n·d^{1/p}`` and the reference's own
+    term by at most ``2(N − 1)·d^{1/p}/N²`` (the ℓ_p diameter of [0, 1]^d is ``d^{1/p}``, triangle inequality);
+    the candidate's own term cancels. With the support set as the reference (Algorithm 1, Remark 1) ``N = n``,
+    the support-set size. Worked example (§5.3.3): N = 4, d = 1, p = 1 gives 7/8.
+    """
+    if n_ref < 1 or d < 1:
+        raise ValueError(f"energy_sensitivity needs n_ref >= 1 and d >= 1, got n_ref={n_ref}, d={d}.")
+    return 2.0 * d ** (1.0 / p) * (2 * n_ref - 1) / n_ref**2
+
+
+def energy_range_sensitivity(*, d: int, p: float) -> float:
+    """``2 d^{1/p}``: the range of ``e(Y, R)`` over sets R in [0, 1]^d for any fixed Y (p in [1, 2]).
+
+    ``0 <= e(Y, R) <= 2·(1/(n m)) Σ ||y − r|| <= 2 d^{1/p}`` (the energy distance is non-negative for p in [1, 2]
+    and its two own terms are non-negative), so the score changes by at most this however far the reference
+    moves: a sound bound for a reference computed from the data by any procedure (the optimised support points).
+    """
+    if d < 1:
+        raise ValueError(f"energy_range_sensitivity needs d >= 1, got {d}.")
+    return 2.0 * d ** (1.0 / p)

@@ -351,3 +351,18 @@ def test_two_hundred_one_hot_columns_encode_without_overflow(tmp_path, capsys):
     report = _report(tmp_path / "out")
     assert code == 0 and report["status"] == "pass"
     assert 0.35 < report["checks"]["membership"]["attacks"]["dcr"]["auc"] < 0.65  # unrelated draws: chance
+
+
+def test_an_empty_cell_is_a_missing_value_whatever_the_schema_s_tokens():
+    """A synthetic CSV writes a missing value as an empty cell; a schema whose token is '?' (cervical) must still
+    read it as missing, as the error message promises."""
+    from audits.inputs import normalise
+    from lightning_dp.data.schema import Schema
+
+    schema = Schema.from_dict({"missing_values": ["?"], "columns": [
+        {"name": "a", "type": "continuous", "bounds": [0, 10], "missing": True}]})
+    real = pd.DataFrame({"a": ["1", "?", "3"]})
+    holdout = pd.DataFrame({"a": [str(v) for v in range(5, 25)]})
+    frames, numeric = normalise(pd.DataFrame({"a": ["2", "", "4"]}), real, holdout, schema=schema)
+    assert numeric == ["a"] and frames["synthetic"]["a"].isna().tolist() == [False, True, False]
+    assert frames["real"]["a"].isna().tolist() == [False, True, False]

@@ -135,3 +135,25 @@ def test_ppem_with_its_batch_coupled_penalty_stays_below_its_epsilon_and_exceeds
     noiseless = PPEMCanary(rows, labels, canary, layout=layout, epsilon=1e4, delta=1e-5, steps=2)
     assert audit_trials(noiseless, trials=40, delta=1e-5).epsilon_lower_bound > 1.0
     assert noiseless.noise_multiplier < 0.05
+
+
+def test_dp_iw_gmmn_bound_stays_below_its_epsilon_and_exceeds_it_with_the_noise_off():
+    """The real IWMMDGenerator step + DPSGD: a canary weighted 50× moves the release by exactly C, no more."""
+    from audits.canary import IWGMMNCanary
+
+    gen = torch.Generator().manual_seed(0)
+    rows = torch.rand(12, 4, generator=gen)
+    canary = torch.full((4,), 0.5)  # amid the generated rows at initialisation: its kernel gradient is not ~0
+
+    def weights(x: torch.Tensor) -> torch.Tensor:  # known weights: 1 for D, 50 for the canary
+        return 1.0 + 49.0 * ((x - 0.5).abs().sum(1) < 1e-6).float()
+
+    private = IWGMMNCanary(rows, canary, weights=weights, epsilon=1.0, delta=DELTA, steps=2)
+    shifts = [float((b - a).norm()) for a, b in zip(*private.clean)]
+    assert shifts == pytest.approx([1.0, 1.0], abs=1e-3)  # the weighted canary's gradient is clipped to C = 1
+    assert audit_trials(private, trials=40, delta=DELTA).epsilon_lower_bound < 1.0
+    noiseless = IWGMMNCanary(rows, canary, weights=weights, epsilon=1e4, delta=DELTA, steps=2)
+    assert audit_trials(noiseless, trials=40, delta=DELTA).epsilon_lower_bound > 1.0
+    assert noiseless.noise_multiplier < 0.05
+    with pytest.raises(ValueError, match="allows iw, standard only"):
+        IWGMMNCanary(rows, canary, estimator="sniw", epsilon=1.0, delta=DELTA)

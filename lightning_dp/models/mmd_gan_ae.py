@@ -1,0 +1,142 @@
+"""The MMD-GAN for synthetic medical records of "Distribution Distance Measures in Generative and Privacy Models"
+(Diesendruck 2019, Ch. 4): a same-size synthetic copy of a mixed continuous/binary table.
+
+The discriminator is an autoencoder (encoder d → 3×100 → 64, decoder 64 → 3×100 → d, ELU); the MMD is taken
+between the codes of real and generated rows with the RBF mixture σ ∈ {0.1, 0.5, 1} (σ a standard deviation).
+Per batch, one discriminator step and one generator step (the thesis' code):
+
+* discriminator: minimise ``L_D = AE(x) − λ_MMD · MMD²(f(x), f(G(z)))`` with λ_MMD = 0.1 ("the MMD term in the
+  discriminator loss is weighted by 0.1") and AE(x) the mean squared reconstruction error of real rows; the
+  encoder's gradients are clipped elementwise to [−0.01, 0.01];
+* generator: minimise ``L_G = MMD²(f(x), f(G(z)))``.
+
+RMSProp, lr 10⁻³, for both. Rows are z-scored (continuous columns) and unstandardised at sampling, where
+binary columns are rounded (``mmd_base.py``). The thesis leaves out the batch size (its code: 200), the kernel
+(its code's), the estimator (U here; ``statistic``) and the iteration count.
+
+**Privacy.** The thesis makes no DP claim and neither does this model: both losses read the real batch through
+MMD²(f(x), f(G(z))), whose within-data term couples every pair of real rows (k(f(x_i), f(x_j))) and whose
+generator side needs the real batch a second time in each step, while DP-SGD releases one clipped per-sample
+gradient sum per Poisson batch. So ``unprotected_networks`` names both networks (and the z-scores, read from the
+training rows): ``privacy=dp_sgd`` is refused before any release, and ``privacy=none`` (the model config's
+default) records the waiver in the ledger, the log and the report. For a DP generator use ``model=iw_gmmn``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from lightning_dp.errors import ConfigError
+from lightning_dp.kernels.mmd import STATISTICS, mmd2, rbf_kernel
+from lightning_dp.models.mmd_base import RowMMDModule
+
+GAN_BLOCKERS = [
+    ("discriminator", "its MMD² between real and generated codes couples every pair of real rows"),
+    ("generator", "its generator reads the real batch again, outside DP-SGD's one release per batch"),
+]
+GAN_REFUSAL = ("its MMD² between real and generated codes couples every pair of real rows and its generator reads "
+               "the real batch again, outside DP-SGD's one release per batch. Use privacy=none (no DP claim), or for a "
+               "DP generator model=iw_gmmn model.module.standardize=none privacy=dp_sgd")
+
+
+class AEMMDModule(RowMMDModule):
+    """What the MMD-GANs with an autoencoder discriminator share: the DP statement, the codes as the weighting
+    function's features, MMD² between codes and RMSProp for both networks (subclasses set ``self.kernel``)."""
+
+    @staticmethod
+    def _check_common(*, batch_size: int, statistic: str) -> None:
+        if batch_size < 2:
+            raise ConfigError(f"model.module.batch_size={batch_size}: MMD² needs at least 2 generated rows.")
+        if statistic not in STATISTICS:
+            raise ConfigError(f"model.module.statistic={statistic!r}; valid: u (Eq. 3.2), v (Eq. 2.3).")
+
+    @classmethod
+    def dp_blockers(cls, module_cfg: Mapping[str, Any]) -> list[tuple[str, str]]:
+        return [*GAN_BLOCKERS, *super().dp_blockers(module_cfg)]
+
+    @classmethod
+    def unprotected_reason(cls, module_cfg: Mapping[str, Any]) -> str:
+        return GAN_REFUSAL
+
+    def weight_features(self, rows: Tensor) -> Tensor:
+        """The encoder's codes (the thesis' weighting function reads encoded data)."""
+        return self.discriminator.encoder(rows)
+
+    def mmd2_codes(self, real_codes: Tensor, fake_codes: Tensor, w: Tensor | None = None) -> Tensor:
+        """MMD² between codes (unweighted here; the IW MMD-GAN weights the real side)."""
+        return mmd2(real_codes, fake_codes, self.kernel, statistic=self.hparams.statistic)
+
+    def configure_optimizers(self) -> list[torch.optim.Optimizer]:
+        lr = self.hparams.lr
+        return [torch.optim.RMSprop(self.discriminator.parameters(), lr=lr),
+                torch.optim.RMSprop(self.generator.parameters(), lr=lr)]
+
+
+class MMDGANAE(AEMMDModule):
+    """Ch. 4's MMD-GAN with the autoencoder discriminator, for whole rows (label as a block).
+
+    Args:
+        generator: z → a standardised row (``ResidualELUGenerator``); discriminator: ``AEDiscriminator``.
+        n_continuous, block_sizes, num_classes: the data layout (supplied by the run).
+        batch_size: generated rows per step (the real batch is ``data.batch_size``).
+        lr: RMSProp learning rate of both networks (10⁻³).
+        mmd_weight: λ_MMD in the discriminator's loss (0.1).
+        bandwidths, sigma_is: the RBF mixture on the codes (σ ∈ {0.1, 0.5, 1}, standard deviations).
+        statistic: ``u`` or ``v`` estimator of MMD².
+        grad_clip: elementwise clip of the encoder's gradients (0.01); ``null`` for none.
+        standardize: ``data`` (z-scores from the training rows, the thesis) or ``none``.
+    """
+
+    private_metrics = {
+        "train/mmd2": "PRIVATE: MMD² between the real batch's and generated codes; logged only without a DP claim",
+        "train/ae_loss": "PRIVATE: reconstruction error of the real batch; logged only without a DP claim",
+        "train/d_loss": "PRIVATE: the discriminator's loss on the real batch; logged only without a DP claim",
+        "train/g_loss": "PRIVATE: the generator's MMD² to the real batch; logged only without a DP claim",
+    }
+
+    def __init__(self, generator: nn.Module, discriminator: nn.Module, *, n_continuous: int,
+                 block_sizes: Sequence[int] = (), num_classes: int = 1, batch_size: int = 200, lr: float = 1e-3,
+                 mmd_weight: float = 0.1, bandwidths: Sequence[float] = (0.1, 0.5, 1.0), sigma_is: str = "std",
+                 statistic: str = "u", grad_clip: float | None = 0.01, standardize: str = "data") -> None:
+        super().__init__()
+        self.save_hyperparameters(ignore=["generator", "discriminator"])
+        self.automatic_optimization = False
+        self._check_common(batch_size=batch_size, statistic=statistic)
+        self.generator, self.discriminator = generator, discriminator
+        self.setup_rows(n_continuous=n_continuous, block_sizes=block_sizes, num_classes=num_classes,
+                        standardize=standardize, weights=None)
+        self.kernel = rbf_kernel(list(bandwidths), sigma_is=sigma_is)
+
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+        x, y = batch
+        if len(x) < 2:  # a last batch of one row has no U-statistic
+            return
+        d_opt, g_opt = self.optimizers()
+        real = self.standardizer(self.join(x, y))  # (B, d)
+
+        d_opt.zero_grad()
+        with torch.no_grad():
+            fake = self.generator(self.noise(self.hparams.batch_size))  # (m, d)
+        real_codes, recon = self.discriminator(real)
+        ae = (real - recon).square().mean()
+        mmd = self.mmd2_codes(real_codes, self.discriminator.encoder(fake))
+        d_loss = ae - self.hparams.mmd_weight * mmd
+        self.manual_backward(d_loss)
+        if self.hparams.grad_clip is not None:
+            nn.utils.clip_grad_value_(self.discriminator.encoder.parameters(), self.hparams.grad_clip)
+        d_opt.step()
+
+        g_opt.zero_grad()
+        with torch.no_grad():
+            real_codes = self.discriminator.encoder(real)
+        fake = self.generator(self.noise(self.hparams.batch_size))
+        g_loss = self.mmd2_codes(real_codes, self.discriminator.encoder(fake))
+        self.manual_backward(g_loss)
+        g_opt.step()
+        values = {"train/mmd2": mmd, "train/ae_loss": ae, "train/d_loss": d_loss, "train/g_loss": g_loss}
+        for name, value in values.items():
+            self.log_private(name, value, prog_bar=name == "train/g_loss")
