@@ -166,11 +166,13 @@ def collect(table: Any, *, seeds: int, quick: bool, extra: list[str], out: Path,
     """Train and audit every run of the table for seeds 0..seeds−1: per run label, the metrics per seed."""
     quick_overrides = table.bench.get("quick_overrides", {})
     results: dict[str, Any] = {}
-    for run in table.runs:
-        overrides = [*run.overrides, *(quick_overrides.get(run.label, []) if quick else []), *extra]
+    for index, run in enumerate(table.runs):
+        shorter = list(quick_overrides.get(run.label, [])) if quick else []
+        replaced = {o.split("=", 1)[0] for o in shorter}
+        overrides = [*(o for o in run.overrides if o.split("=", 1)[0] not in replaced), *shorter, *extra]
         per_seed = []
         for seed in range(seeds):
-            folder = out / f"{data_name(overrides)}_seed{seed}"
+            folder = out / f"run{index}_{data_name(overrides)}_seed{seed}"
             res = train_and_audit(overrides, seed, folder)
             per_seed.append({**res, "metrics": metrics(res["report"])})
             log(f"  {run.label} seed {seed}: trained in {res['train_s']:.0f} s, audited in {res['audit_s']:.0f} s")
@@ -218,7 +220,7 @@ def section(table: Any, *, seeds: int, quick: bool, extra: list[str], out: Path,
         f"`{command}`  ",
         f"{seeds} seed(s) ({', '.join(map(str, range(seeds)))}) per data set; {date.today().isoformat()}; "
         f"{minutes:.1f} min wall-clock on {platform.machine()} CPU (subprocesses on 1 thread, {torch.get_num_threads()} "
-        "here); sampling and candidates follow the seed, so a re-run gives the same numbers on the same machine.  ",
+        "here); training, the audit's sample and its candidate sets are seeded by the seed.  ",
         f"Thesis: {table.source}. No DP claim (the thesis makes none; `privacy=none`: only the row count is a DP "
         "release).  ",
         f"Code: {code}; `bench/mmd_gan_ae.py`.  ",
@@ -228,7 +230,9 @@ def section(table: Any, *, seeds: int, quick: bool, extra: list[str], out: Path,
         "",
         "Mean ± sd over seeds. Baseline columns: the same check with real rows in place of the synthetic ones "
         "(utility: classifiers trained on the real training rows; fidelity: held-out rows against the training rows; "
-        "disclosure: the held-out reference set S_base as the attacker's source, the thesis' baseline).",
+        "disclosure: the held-out reference set S_base as the attacker's source, the thesis' baseline). \"n/a\": a seed "
+        "without that number (utility: its synthetic rows have a single label class, so no classifier can be fitted; "
+        "presence: no r reached precision > 0.55; medGAN: no 0/1-coded unknown column, or no positive imputed).",
         "",
         "Notes:",
         "",
