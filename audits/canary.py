@@ -196,6 +196,24 @@ class EmbeddingCanary:
         return float(residual @ h / d_sum**2 + (released["counts"][c] - counts_d[c].cpu()) / d_count**2)
 
 
+def full_batch_dp_sgd(ledger: Any, *, rows: int, steps: int, **kwargs: Any) -> tuple[Any, SimpleNamespace]:
+    """The real ``DPSGD`` callback over ``rows`` rows sampled at q = 1 (every row in every batch, on both sides of
+    the game), and the trainer stub it reads in ``on_fit_start`` for ``steps`` planned steps.
+
+    Args:
+        ledger: the trial's ledger.
+        rows: N = L, the same with and without the canary.
+        steps: planned private steps (for the calibration of σ).
+        **kwargs: ``DPSGD``'s own arguments (``max_grad_norm``, ``noise_multiplier``, ``noise_seed``, ...).
+    """
+    from lightning_dp.callbacks.dp_sgd import DPSGD
+
+    data = SimpleNamespace(released_num_rows=rows, batch_size=rows, use_poisson_sampling=lambda **_: None)
+    stub = SimpleNamespace(max_steps=steps, max_epochs=1, world_size=1, global_rank=0, accumulate_grad_batches=1,
+                           strategy=None, _accelerator_connector=SimpleNamespace(use_distributed_sampler=False))
+    return DPSGD(ledger=ledger, datamodule=data, **kwargs), stub
+
+
 class SGDCanary:
     """DP-SGD (the real ``DPSGD`` callback) audited on its released noisy gradients.
 
@@ -256,7 +274,6 @@ class SGDCanary:
     def __call__(self, with_canary: bool, seed: int) -> float:
         from pytorch_lightning import LightningModule
 
-        from lightning_dp.callbacks.dp_sgd import DPSGD
         from lightning_dp.privacy.ledger import PrivacyLedger
 
         self.net.load_state_dict(self._init)
@@ -264,23 +281,8 @@ class SGDCanary:
         module.discriminator = self.net
         data = torch.cat([self.rows, self.canary]) if with_canary else self.rows
         n = len(self.rows) + 1  # the same q = L/N = 1 on both sides: every row is in every batch
-        mech = DPSGD(
-            ledger=PrivacyLedger(target_epsilon=self.epsilon, delta=self.delta),
-            datamodule=SimpleNamespace(
-                released_num_rows=n, batch_size=n, use_poisson_sampling=lambda **_: None
-            ),
-            max_grad_norm=self.max_grad_norm,
-            noise_seed=seed,
-        )
-        stub = SimpleNamespace(
-            max_steps=self.steps,
-            max_epochs=1,
-            world_size=1,
-            global_rank=0,
-            accumulate_grad_batches=1,
-            strategy=None,
-            _accelerator_connector=SimpleNamespace(use_distributed_sampler=False),
-        )
+        mech, stub = full_batch_dp_sgd(PrivacyLedger(target_epsilon=self.epsilon, delta=self.delta), rows=n,
+                                       steps=self.steps, max_grad_norm=self.max_grad_norm, noise_seed=seed)
         mech.on_fit_start(stub, module)
         self.noise_multiplier = mech.noise_multiplier
         score = 0.0
@@ -346,7 +348,6 @@ class PPEMCanary:
 
     def _releases(self, data: tuple[Tensor, Tensor], *, noise_multiplier: float | None, seed: int) -> list[Tensor]:
         """L·g̃_t of each step on ``data`` (``noise_multiplier=None``: calibrated to the claim)."""
-        from lightning_dp.callbacks.dp_sgd import DPSGD
         from lightning_dp.callbacks.ksd_penalty import KSDPenalty
         from lightning_dp.privacy.ledger import PrivacyLedger
 
@@ -359,13 +360,9 @@ class PPEMCanary:
         epsilon = self.epsilon if noise_multiplier is None else 1e30
         ledger = PrivacyLedger(target_epsilon=epsilon, delta=self.delta)
         ksd = KSDPenalty(ledger=ledger, weight=self.penalty_weight, scale="per_batch", max_grad_norm=self.penalty_norm)
-        mech = DPSGD(ledger=ledger, datamodule=SimpleNamespace(released_num_rows=n, batch_size=n,
-                                                                  use_poisson_sampling=lambda **_: None),
-                     max_grad_norm=self.max_grad_norm, noise_multiplier=noise_multiplier, noise_seed=seed,
-                     private_modules=["energy", "conditional_energy"])
-        stub = SimpleNamespace(max_steps=self.steps, max_epochs=1, world_size=1, global_rank=0,
-                               accumulate_grad_batches=1, strategy=None,
-                               _accelerator_connector=SimpleNamespace(use_distributed_sampler=False))
+        mech, stub = full_batch_dp_sgd(ledger, rows=n, steps=self.steps, max_grad_norm=self.max_grad_norm,
+                                       noise_multiplier=noise_multiplier, noise_seed=seed,
+                                       private_modules=["energy", "conditional_energy"])
         ksd.setup(stub, module, "fit")
         mech.on_fit_start(stub, module)
         if noise_multiplier is None:
@@ -448,7 +445,6 @@ class IWGMMNCanary:
 
     def _releases(self, with_canary: bool, *, noise_multiplier: float | None, seed: int) -> list[Tensor]:
         """L·g̃_t of each step on D or D ∪ {c} (``noise_multiplier=None``: calibrated to the claim)."""
-        from lightning_dp.callbacks.dp_sgd import DPSGD
         from lightning_dp.privacy.ledger import PrivacyLedger
 
         module = self.module
@@ -457,13 +453,8 @@ class IWGMMNCanary:
         y = torch.zeros(len(x), dtype=torch.long)
         n = len(self.rows) + 1  # the same q = L/N = 1 on both sides: every row is in every batch
         ledger = PrivacyLedger(target_epsilon=self.epsilon if noise_multiplier is None else 1e30, delta=self.delta)
-        mech = DPSGD(ledger=ledger, datamodule=SimpleNamespace(released_num_rows=n, batch_size=n,
-                                                                  use_poisson_sampling=lambda **_: None),
-                     max_grad_norm=self.max_grad_norm, noise_multiplier=noise_multiplier, noise_seed=seed,
-                     private_modules=["generator"])
-        stub = SimpleNamespace(max_steps=self.steps, max_epochs=1, world_size=1, global_rank=0,
-                               accumulate_grad_batches=1, strategy=None,
-                               _accelerator_connector=SimpleNamespace(use_distributed_sampler=False))
+        mech, stub = full_batch_dp_sgd(ledger, rows=n, steps=self.steps, max_grad_norm=self.max_grad_norm,
+                                       noise_multiplier=noise_multiplier, noise_seed=seed, private_modules=["generator"])
         mech.on_fit_start(stub, module)
         if mech.mode != "microbatch":  # what IWMMDGenerator.on_fit_start insists on
             raise RuntimeError(f"DP-SGD chose mode={mech.mode}; the generator's per-row losses need microbatch.")

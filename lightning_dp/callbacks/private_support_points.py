@@ -81,8 +81,9 @@ class PrivateSupportPoints(Callback):
     The diagnostics (R̂, between/within-chain variance of the energy traces, acceptance rates, step sizes) are
     written to ``support_points_mcmc.json`` in the run's folder and kept in the checkpoint. They are functions of
     the chains, so of the rows, and are not covered by the exponential mechanism's proof (any diagnostic of an
-    MCMC run is, like the finite-run caveat); they are a handful of scalars, and the energy traces and every
-    chain's states other than the released draw never leave the process.
+    MCMC run is, like the finite-run caveat): the file says so in its ``privacy`` entry, and should be handled
+    like the audit report. The energy traces and every chain's states other than the released draw never
+    leave the process.
 
     Args:
         ledger: the run's ledger.
@@ -244,7 +245,9 @@ class PrivateSupportPoints(Callback):
                                     **diag.to_dict(), "epsilon": eps, "sensitivity": sens,
                                     "sensitivity_basis": self.sensitivity, "beta": beta, "num_points": n, "dim": dim,
                                     "p": p, "chains": asdict(self.settings),
-                                    "note": "functions of the chains, outside the exponential mechanism's proof"}
+                                    "privacy": "PRIVATE: functions of all chains, which read the rows through the "
+                                               "optimised points; not covered by the run's (ε, δ). Handle like the "
+                                               "audit report, not like the released points"}
                 if mixed:
                     module.set_release(result.final[0])
                     if needs_bw:

@@ -226,7 +226,8 @@ class PPEM(GeneratorModule):
             fake_r = self.conditional_generator(self._noise(n), x_s, gumbel_tau=self.hparams.gumbel_tau)
         u = torch.rand(n, 1, device=self.device)
         loss = self._row_losses(x_s, x_r, fake_s, fake_r, u)
-        self._fake_energy = self.energy(fake_s).detach().mean() if n else None
+        with torch.no_grad():  # for the metric only (the public fakes under the released energy)
+            self._fake_energy = self.energy(fake_s).mean() if n else None
         return with_rows(loss, self._row_losses, x_s, x_r, fake_s, fake_r, u)  # DP-SGD recomputes row by row
 
     def _row_losses(self, x_s: Tensor, x_r: Tensor, fake_s: Tensor, fake_r: Tensor, u: Tensor) -> Tensor:
