@@ -548,6 +548,33 @@ def fidelity(
     return CheckResult(json_safe(res), {"marginals": fig}, verdicts)
 
 
+# ----------------------------------------------------------------------------------------- weights
+def weights_psis(section: dict[str, Any], ctx: Context) -> list[Verdict]:
+    """``weights_psis``: warns (``fail``, never gating) when the PSIS k̂ of the synthetic rows' importance weights
+    (:func:`audits.weighted.weights_section`) is above 0.7: the weights are unreliable. k̂ is a diagnostic without
+    an interval: the verdict is on its value."""
+    k_hat, limit = section["diagnostics"]["psis_k"], section["psis_threshold"]
+    unreliable = section["unreliable"]
+    reason = section["message"] if unreliable else f"k̂ = {k_hat:.3g} is within the limit ≤ {limit:g}."
+    status = "fail" if unreliable else "pass"
+    return [
+        Verdict(
+            "weights_psis",
+            "max_psis_k",
+            "PSIS k̂ of the synthetic rows' importance weights",
+            k_hat,
+            "≤",
+            limit,
+            status,
+            None,
+            ctx.confidence,
+            "point value (k̂ is a diagnostic; Vehtari et al.'s 0.7)",
+            reason,
+            False,
+        )
+    ]
+
+
 @dataclass(frozen=True)
 class CheckSpec:
     """A registered check: its function, title, kind (``privacy`` checks need enough candidates; ``utility``

@@ -511,6 +511,7 @@ CAPTIONS = {
     "per_column": "Attribute disclosure: share of each unknown column imputed correctly for members.",
     "bars": "Utility: each classifier trained on synthetic vs on REAL rows, scored on HOLDOUT.",
     "marginals": "Marginals of REAL vs synthetic rows (densities for numbers, frequencies for categories).",
+    "log_weights": "Histogram of the synthetic rows' log importance weights (normalised to mean one).",
 }
 NEGATIVE_RISK = (
     "A negative risk above baseline means the attack did worse with the synthetic data than with held-out real "
@@ -546,6 +547,53 @@ def _check(name: str, c: dict[str, Any], figures: dict[str, Figure], verdicts: l
         for key, fig in figures.items()
     )
     return head + BODIES[name](c) + figs + f'<p class="note">Ran in {fmt(c["seconds"])} s.</p></section>'
+
+
+def _weights(report: dict[str, Any], figures: dict[str, Figure]) -> str:
+    """The importance-weights section (empty without weights): diagnostics, utility and distances without and with
+    the weights, and a histogram of the log weights."""
+    w = report.get("weights")
+    if not w:
+        return ""
+    d, u, dist = w["diagnostics"], w["utility"], w["distances"]
+    verdict = badge("fail" if w["unreliable"] else "pass", d["psis_verdict"].upper())
+    rows = [
+        ("rows", fmt(w["n"])),
+        ("Kish ESS (Σw)²/Σw²", f"{fmt(d['kish_ess'])} ({fmt(100 * d['kish_ess_fraction'], 3)}% of rows)"),
+        ("N_eff of a weighted logistic regression (A.6.1)", fmt(w.get("sandwich_ess"))),
+        ("PSIS k̂", f"{fmt(d['psis_k'], 3)} {verdict}"),
+        ("largest weight's share of Σw", fmt(d["max_weight_share"], 3)),
+        ("zero weights", fmt(w["zero_weights"])),
+    ]
+    body = table(["diagnostic", "value"], rows, numeric=(1,))
+    compare = []
+    if u["status"] == "ran":
+        compare.append(
+            (f"TSTR {esc(u['metric'])} on HOLDOUT (mean)", fmt(u["unweighted"]), fmt(u["weighted"]))
+        )
+        compare += [
+            (f"&nbsp;&nbsp;{esc(m)}", fmt(v["unweighted"]), fmt(v["weighted"]))
+            for m, v in u["per_model"].items()
+        ]
+    for key, what in (
+        ("mmd2", "MMD² to HOLDOUT"),
+        ("w1", "Wasserstein-1 to HOLDOUT"),
+        ("paper_w1", "paper's W1"),
+    ):
+        if key in dist:
+            compare.append((esc(what), fmt(dist[key]["unweighted"]), fmt(dist[key]["weighted"])))
+    body += table(["", "without weights", "with weights"], compare, numeric=(1, 2))
+    skipped = "" if u["status"] == "ran" else f" Utility not scored: {esc(u['reason'])}."
+    figs = "".join(figure_html(fig, CAPTIONS.get(key, key)) for key, fig in figures.items())
+    return (
+        '<section id="weights"><h2>Importance weights</h2>'
+        + (f'<p class="warn">{esc(w["message"])}</p>' if w["unreliable"] else "")
+        + body
+        + f'<p class="note">{esc(w["notes"])} Distances on {fmt(dist["n_synthetic"])} synthetic and '
+        f"{fmt(dist['n_real'])} HOLDOUT rows ({esc(dist['encoding'])}; bandwidth {fmt(dist['bandwidth'])}).{skipped}</p>"
+        + figs
+        + "</section>"
+    )
 
 
 def _privacy(report: dict[str, Any]) -> str:
@@ -600,6 +648,7 @@ def render_html(report: dict[str, Any], figures: dict[str, dict[str, Figure]]) -
         ("inputs", "Inputs"),
         ("ledger", "Privacy ledger"),
         *[(n, c["title"]) for n, c in checks.items()],
+        *([("weights", "Importance weights")] if report.get("weights") else []),
         ("run", "Run"),
     ]
     nav = "".join(f'<a href="#{esc(a)}">{esc(t)}</a>' for a, t in links)
@@ -609,6 +658,7 @@ def render_html(report: dict[str, Any], figures: dict[str, dict[str, Figure]]) -
     )
     source = report["inputs"].get("checkpoint", report["inputs"]["synthetic"]).get("path", "")
     body = "".join(_check(n, c, figures.get(n, {}), report["verdicts"]) for n, c in checks.items())
+    body += _weights(report, figures.get("weights", {}))
     warnings = "".join(f'<p class="warn">{esc(w)}</p>' for w in report.get("warnings", []))
     page = (
         f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>Audit report (private): {esc(source)}</title>'

@@ -9,6 +9,9 @@
 * an energy model's score: when the checkpoint's model has a ``sensitive_score`` (the score −∇E_ξ(x′) of its
   marginal energy over the sensitive columns x′), :func:`sensitive_score_of` keeps it for the α-LMDP
   goodness-of-fit tests (:mod:`audits.lmdp_checks`).
+* importance weights: a ``weight`` column of the synthetic data (the sampler writes it next to the rows) is taken
+  out of the rows (:func:`pop_weights`), never compared as a feature, and kept for the report's weights section
+  (:mod:`audits.weighted`).
 
 All three frames are brought to one set of column types: numeric columns (the schema's continuous ones, or
 those whose REAL values all parse as numbers) as floats, the others as strings (``1.0`` and ``1`` are the
@@ -47,6 +50,7 @@ DEFAULT_MISSING = ("", "?", "NA", "N/A", "NaN", "nan", "null")
 MIN_HOLDOUT = 4  # half become non-member candidates, the other half the reference set
 MAX_NUM_ROWS = 1_000_000  # rows sampled from a checkpoint at most (--num-rows, or |REAL| by default)
 MAX_MAGNITUDE = 1e100  # numbers beyond ±this are clipped to it: their squares would overflow float64
+WEIGHT_COLUMN = "weight"  # importance weights the sampler writes next to the synthetic rows (never a feature)
 
 
 class InputError(UserError, ValueError):
@@ -113,6 +117,8 @@ class AuditInputs:
             model that is not an energy model).
         warnings: what the inputs' checks found worth telling (values clipped, rows shared by REAL and
             HOLDOUT); they go into the report.
+        weights: (N,) importance weights of the synthetic rows, from the synthetic data's ``weight`` column
+            (:func:`pop_weights`; never a feature), or None.
     """
 
     synthetic: pd.DataFrame
@@ -126,6 +132,7 @@ class AuditInputs:
     bounds: dict[str, tuple[float, float]] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     sensitive: SensitiveScore | None = None
+    weights: np.ndarray | None = None
 
     @property
     def categorical(self) -> list[str]:
@@ -205,6 +212,37 @@ def read_frame(path: str | Path, what: str) -> pd.DataFrame:
             "(line 1). Give every column a distinct name."
         )
     return frame
+
+
+def pop_weights(
+    synthetic: pd.DataFrame, real_columns: Any, *, kind: str = ""
+) -> tuple[pd.DataFrame, np.ndarray | None]:
+    """Take the importance-weight column (``weight``, written by the sampler next to the rows) out of the synthetic
+    rows, so that no check uses it as a feature. A ``weight`` column that REAL has too is a feature and stays.
+
+    Returns:
+        ``(synthetic without the column, weights)``, or ``(synthetic, None)`` without a weight column.
+
+    Raises:
+        InputError: a weight that is missing, not a number, negative or infinite (by line), or all weights zero.
+    """
+    if WEIGHT_COLUMN not in synthetic.columns or WEIGHT_COLUMN in {str(c) for c in real_columns}:
+        return synthetic, None
+    raw = synthetic[WEIGHT_COLUMN]
+    weights = pd.to_numeric(raw, errors="coerce").to_numpy(dtype=float, na_value=np.nan)
+    bad = ~np.isfinite(weights) | (weights < 0)
+    if bad.any():
+        first = int(np.flatnonzero(bad)[0])
+        raise InputError(
+            f"The synthetic data's {WEIGHT_COLUMN!r} column (importance weights) must hold finite numbers >= 0; "
+            f"{raw.iloc[first]!r} on {_row_ref(kind, first)} is not ({int(bad.sum())} in all). Fix the weights or "
+            "drop the column."
+        )
+    if not weights.sum() > 0:
+        raise InputError(
+            f"Every value of the synthetic data's {WEIGHT_COLUMN!r} column is 0: no row has weight."
+        )
+    return synthetic.drop(columns=[WEIGHT_COLUMN]), weights
 
 
 def _row_ref(kind: str, index: int) -> str:
@@ -554,6 +592,11 @@ def load_inputs(
         sources["synthetic"] = frame_source(
             f"{n:,} rows sampled from {synthetic}", raw["synthetic"], kind="checkpoint sample", seed=seed
         )
+    raw["synthetic"], weights = pop_weights(
+        raw["synthetic"], raw["real"].columns, kind=kinds.get("synthetic", "")
+    )
+    if weights is not None:
+        sources["synthetic"]["weight_column"] = WEIGHT_COLUMN
     label = label or (schema.label if schema is not None else None)
     warnings: list[str] = []
     frames, numeric = normalise(
@@ -576,6 +619,7 @@ def load_inputs(
         bounds=schema_bounds(schema),
         warnings=warnings,
         sensitive=sensitive,
+        weights=weights,
     )
 
 

@@ -33,6 +33,12 @@ says plainly, in the ``privacy`` object (``run_dp_claim: false``, ``no_dp_claim`
 ``guarantee`` and at the top of ``report.html``, that the run makes NO differential-privacy claim: its synthetic
 data and checkpoint are not DP releases.
 
+Importance weights: when the synthetic data have a ``weight`` column (the sampler writes one for bias mitigation;
+REAL has none), it is taken out of the rows (never a feature) and ``report.json`` gets a ``weights`` section
+(:func:`audits.weighted.weights_section`): TSTR on HOLDOUT with and without the weights (the utility check's
+classifiers), weighted and unweighted MMD² and Wasserstein-1 to HOLDOUT, Kish's ESS and the PSIS k̂. A k̂ above 0.7
+adds a warning and a non-gating ``weights_psis`` verdict (fail): the weights are unreliable.
+
 ``train.py ... audit=default`` runs the same audit at the end of training into the run's ``output_dir``
 (:func:`audit_run`).
 
@@ -133,6 +139,8 @@ FROM_REAL_ROWS = {  # section of the report -> what in it is computed from real 
     "checks.fidelity": "per-column TV, KS and Wasserstein-1, 2-way-marginal, range-query and MMD errors of "
     "synthetic and HOLDOUT against REAL, REAL's mean range-query answer, the median distance between REAL rows "
     "(report.html adds histograms of REAL's columns)",
+    "weights": "scores on HOLDOUT rows of classifiers trained on synthetic rows with and without their importance "
+    "weights, and MMD² and Wasserstein-1 distances of the weighted and unweighted synthetic rows to HOLDOUT",
     "verdicts": "the verdicts, their intervals and warnings derived from these numbers",
 }
 NO_DP_CLAIM = "This run makes NO differential-privacy claim (α-LMDP only)"
@@ -171,13 +179,16 @@ def no_dp_statement(reasons: list[dict[str, str]]) -> str:
 
 
 def privacy_label(
-    checks: Mapping[str, Mapping[str, Any]], ledger: Mapping[str, Any] | None = None
+    checks: Mapping[str, Mapping[str, Any]],
+    ledger: Mapping[str, Any] | None = None,
+    extra: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     """The ``privacy`` object that opens ``report.json``: what the report is, and is not, under DP.
 
     Args:
         checks: the report's ``checks`` (name -> result with ``status``); only checks that ran are listed.
         ledger: the run's ledger, if known: a run without a DP claim (:func:`dp_claim`) is said to make none.
+        extra: other sections of the report computed from real rows (``weights``).
 
     Returns:
         ``contains_private_information`` (True), ``dp`` (False), a plain ``statement``, ``private_inputs``,
@@ -188,7 +199,7 @@ def privacy_label(
     ran = [f"checks.{name}" for name, c in checks.items() if c["status"] == "ran"]
     sections = {
         key: FROM_REAL_ROWS.get(key, "the numbers of this check, computed on real rows")
-        for key in ("inputs", "candidates", *ran, "verdicts")
+        for key in ("inputs", "candidates", *ran, *extra, "verdicts")
     }
     claim, reasons = dp_claim(ledger)
     covered = (
@@ -338,9 +349,31 @@ def build_report(
             figures[name] = res.figures
             verdicts += res.verdicts
             log.info("audit check %s done in %.1f s", name, time.time() - t0)
+    weights = None
+    warnings = list(inputs.warnings)
+    if inputs.weights is not None:  # the synthetic file's weight column (audits.weighted)
+        from audits.checks import weights_psis
+        from audits.weighted import log_weight_figure, section_options, weights_section
+
+        opts = section_options(policy)
+        weights = weights_section(
+            inputs.synthetic,
+            inputs.weights,
+            inputs.real,
+            inputs.holdout,
+            label=opts["label"] or inputs.label,
+            categorical=inputs.categorical,
+            classifiers=opts["classifiers"],
+            metric=opts["metric"],
+            seed=seed,
+        )
+        verdicts += weights_psis(weights, Context(seed=seed, confidence=confidence, gates=False))
+        warnings += [weights["message"]] if weights["unreliable"] else []
+        figures["weights"] = {
+            "log_weights": log_weight_figure(inputs.weights, k_hat=weights["diagnostics"]["psis_k"])
+        }
     status, reason = overall_status(verdicts)
     n = min(cands.sizes()["members"], cands.sizes()["non_members"])
-    warnings = list(inputs.warnings)
     if too_few:
         warnings.append(f"The privacy checks did not run: {too_few}. Their thresholds are inconclusive.")
     elif n < FEW_CANDIDATES:
@@ -349,7 +382,7 @@ def build_report(
             "are wide at this size, so only large effects can be decided (see each verdict's interval)."
         )
     report = {
-        "privacy": privacy_label(checks, inputs.ledger),
+        "privacy": privacy_label(checks, inputs.ledger, ("weights",) if weights else ()),
         "format_version": FORMAT_VERSION,
         "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "duration_s": round(time.time() - start, 2),
@@ -375,6 +408,7 @@ def build_report(
         "config": inputs.config,
         "versions": versions(),
         "checks": checks,
+        **({"weights": weights} if weights else {}),
     }
     report = json_safe(report)
     report["summary"] = summary_lines(report)
@@ -415,6 +449,11 @@ def summary_lines(report: Mapping[str, Any]) -> list[str]:
         if check["status"] == "skipped":
             parts = [f"did not run: {check['reason']}"]
         lines.append(f"{tag} {name}{role}: " + "; ".join(parts))
+    for v in report["verdicts"]:  # verdicts of a report section rather than a check (weights_psis)
+        if v["check"] not in report["checks"]:
+            value = "not a number" if v["value"] is None else f"{v['value']:.4g}"
+            what = f"{v['description']} = {value} {v['op']} {v['limit']:g}"
+            lines.append(f"{v['status'].upper()} {v['check']}: {what}")
     return lines
 
 
@@ -502,7 +541,7 @@ def audit_run(
     """
     from omegaconf import DictConfig, OmegaConf
 
-    from audits.inputs import read_frame, sensitive_score_of, sha256_file
+    from audits.inputs import pop_weights, read_frame, sensitive_score_of, sha256_file
     from lightning_dp.checkpoint import load_run
 
     if datamodule.kind != "tabular" or not result.get("synthetic"):
@@ -519,8 +558,11 @@ def audit_run(
     # an energy model's score of its sensitive columns, for the α-LMDP checks: from the checkpoint just written
     sensitive = sensitive_score_of(load_run(result["checkpoint"]).model, model_name) if lmdp else None
     warnings: list[str] = []
+    synthetic, weights = pop_weights(
+        read_frame(result["synthetic"], "The synthetic data"), datamodule.train_frame.columns
+    )
     frames, numeric = normalise(
-        read_frame(result["synthetic"], "The synthetic data"),
+        synthetic,
         datamodule.train_frame,
         datamodule.holdout,
         schema=schema,
@@ -560,6 +602,7 @@ def audit_run(
         bounds=schema_bounds(schema),
         warnings=warnings,
         sensitive=sensitive,
+        weights=weights,
     )
     report, figures = build_report(inputs, pol, seed=seed)
     paths = write_report(report, figures, result["output_dir"])

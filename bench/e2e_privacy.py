@@ -8,6 +8,7 @@ read back.
 
     python bench/e2e_privacy.py --config default --runs 200     # DP-MERF as shipped
     python bench/e2e_privacy.py --config dp_sgd --runs 200      # DP-GAN (DP-SGD on the discriminator)
+    python bench/e2e_privacy.py --config weights --runs 200     # DP-GAN plus private importance weights
     python bench/e2e_privacy.py --config default --deterministic   # a few runs: values that are functions of the data
 
 Prints, per artefact, the ε lower bound (95%, jointly over artefacts) against the claimed ε.
@@ -35,6 +36,9 @@ CONFIGS = {
     "default": ["trainer.max_epochs=1", "model.module.steps_per_epoch=5"],
     # DP-GAN: every discriminator step is a DP-SGD release, so the whole (short) training is audited
     "dp_sgd": ["model=dp_gan", "data.batch_size=64", "model.module.batch_size=64", "trainer.max_epochs=2"],
+    # DP-GAN plus private importance weights (beta_noised on half the budget): the weight column and weights.json too
+    "weights": ["model=dp_gan", "data.batch_size=64", "model.module.batch_size=64", "trainer.max_epochs=2",
+                "weights=beta_noised", "weights.epsilon=0.5"],
 }
 COMMON = ["trainer.enable_progress_bar=false", "trainer.enable_model_summary=false"]
 

@@ -38,7 +38,7 @@ PRIVACY_KEYS = ("epsilon", "delta", "accountant", "adjacency", "allow_large_delt
                 "noise_seed", "require_dp", "dp_sgd")
 DP_SGD_KEYS = ("max_grad_norm", "noise_multiplier", "mode")
 TOP_KEYS = ("data", "model", "privacy", "trainer", "callbacks", "audit", "experiment", "seed", "output_dir", "resume",
-            "num_samples", "tuned")
+            "num_samples", "tuned", "weights", "tune")
 
 
 def _known_keys(section: object, known: tuple[str, ...] | list[str], name: str) -> None:

@@ -1,8 +1,15 @@
-"""Sample from a saved run: ``python -m lightning_dp.sample CHECKPOINT --num-rows N --out FILE``.
+"""Sample from a saved run: ``python -m lightning_dp.sample CHECKPOINT --num-rows N --out FILE [--weights NAME]``.
 
 Works in a new process from the checkpoint alone: the model is rebuilt from the saved config and the
-rows are decoded with the saved public schema. No private data is read and no budget is spent
-(sampling is post-processing).
+rows are decoded with the saved public schema. Without ``--weights`` no private data is read and no budget
+is spent (sampling is post-processing).
+
+``--weights ESTIMATOR`` adds a ``weight`` column (importance weights p_D/p_G, mean one; bias mitigation,
+``lightning_dp/weighting/``). A private estimator spends from the run's own ledger: the request is checked
+against the ledger before the run's data is reloaded, its release is recorded in ``ledger.json`` and in the
+checkpoint (both written atomically) before the noisy weights exist, and a request that would exceed the
+run's target is refused with nothing read or released. ``discriminator`` (dp_gan/dp_cgan) reads no data
+and costs nothing.
 """
 
 from __future__ import annotations
@@ -10,10 +17,13 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import warnings
 from pathlib import Path
+from typing import Any
 
-from lightning_dp.checkpoint import LoadedRun, load_run
-from lightning_dp.errors import EXIT_USER_ERROR, UserError
+from lightning_dp.checkpoint import AtomicCheckpointIO, LoadedRun, data_layout, load_run
+from lightning_dp.errors import EXIT_USER_ERROR, ConfigError, UserError
+from lightning_dp.privacy.ledger import PrivacyLedger
 from lightning_dp.synthetic import write_samples
 
 SUFFIXES = {"tabular": (".csv", ".parquet", ".pq"), "image": (".npz",)}
@@ -48,20 +58,106 @@ def sample_run(run: LoadedRun, num_rows: int, out: str | Path, *, seed: int | No
     return write_samples(run.model, run.data_state, num_rows, out.with_suffix(""), seed=seed, suffix=out.suffix)
 
 
+def sample_weighted(checkpoint: str | Path, num_rows: int | None, out: str | Path, *, weights: dict[str, Any],
+                    seed: int | None = None) -> tuple[str, dict[str, Any]]:
+    """Sample rows and their importance weights from a checkpoint; a private estimator spends from its ledger.
+
+    Args:
+        checkpoint: the run's ``checkpoints/last.ckpt`` (its folder's ``ledger.json`` is read and updated too).
+        num_rows: rows to weight (``None``: the run's DP count, or the most that output perturbation admits).
+        out: a ``.csv`` or ``.parquet`` file: the user's columns plus ``weight``.
+        weights: the ``weights`` settings (``estimator``, ``epsilon``, ...; :class:`WeightsConfig`).
+        seed: seed of the synthetic sample.
+
+    Returns:
+        The file written and the weights' public summary (estimator, ε, Kish ESS, PSIS k̂).
+
+    Raises:
+        ConfigError, BudgetExceededError, CheckpointError, DataError: refused before anything is released.
+    """
+    from lightning_dp.data.datamodule import PrivateDataModule, write_table
+    from lightning_dp.data.dp_count import RowCount
+    from lightning_dp.privacy import mechanisms as mech
+    from lightning_dp.resume import resume_state
+    from lightning_dp.weighting.apply import Weighting, WeightsConfig, weighted_frame
+
+    checkpoint = Path(checkpoint)
+    run = load_run(checkpoint)
+    out = Path(out)
+    if out.suffix.lower() not in SUFFIXES["tabular"]:
+        raise ValueError(f"Weighted rows are a table: write them to a .csv or .parquet file, not {out.name!r}.")
+    config = run.record["config"]
+    weighting = Weighting(WeightsConfig.from_node(weights), layout=data_layout(run.data_state),
+                          model_name=config["model"].get("name", ""), model_cfg=config["model"],
+                          data_kind=run.data_state["kind"])
+    run_dir = checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else checkpoint.parent
+    state = resume_state(run_dir, checkpoint)  # the most advanced of the run's ledger records
+    ledger = PrivacyLedger.from_state_dict(state.ledger)
+    ledger.unreserve()  # budget reserved at training time is this request's to use
+    num_real = RowCount.from_dict(run.data_state["num_rows"]).value
+    rows = num_rows if num_rows is not None else weighting.default_rows(num_real=num_real, ledger=ledger)
+    if rows <= 0:
+        raise ValueError(f"--num-rows must be positive, got {rows}.")
+    weighting.check_budget(weighting.plan(num_real=num_real, num_rows=rows, ledger=ledger), ledger)
+    real = None
+    if weighting.estimator.reads_private:
+        dm = PrivateDataModule(**config["data"])
+        before = list(ledger.releases)
+        dm.prepare(ledger, generator=mech.noise_generator(), state=run.data_state)  # the released count and schema
+        if ledger.releases != before:  # a saved state always holds them; refuse a second release of the schema
+            raise ConfigError(f"{checkpoint} lacks the run's released schema; weights cannot be fitted from it.")
+        real = (dm.x, dm.y)
+    ckpt = run.checkpoint
+
+    def persist(led: PrivacyLedger) -> None:  # the checkpoint's copy, then ledger.json: both before any noise
+        ckpt["lightning_dp"]["ledger"] = led.state_dict()
+        AtomicCheckpointIO().save_checkpoint(ckpt, checkpoint)
+        led.save_json(str(run_dir / "ledger.json"))
+
+    ledger.persist = persist
+    sample = weighting.run(model=run.model, real=real, num_rows=rows, num_real=num_real, ledger=ledger,
+                           generator=mech.noise_generator(), seed=seed)
+    write_table(weighted_frame(run.data_state, sample), out)
+    summary = {**sample.summary, "rows": len(sample.weights), "ledger": ledger.summary()}
+    return str(out), summary
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m lightning_dp.sample", description=__doc__.splitlines()[0])
     parser.add_argument("checkpoint", help="a run's checkpoints/last.ckpt")
-    parser.add_argument("--num-rows", type=int, required=True, help="number of synthetic rows (or images)")
+    parser.add_argument("--num-rows", type=int, default=None,
+                        help="number of synthetic rows (or images); with --weights, default: the run's DP count")
     parser.add_argument("--out", required=True, help="output file: .csv or .parquet (tabular), .npz (images)")
     parser.add_argument("--seed", type=int, default=None, help="seed of the latent noise (reproducible samples)")
+    parser.add_argument("--weights", default=None, metavar="ESTIMATOR",
+                        help="add a weight column: beta_noised, output_lapl, output_norm, priv_mlp, discriminator "
+                             "(or the non-private references logreg, mlp with --allow-non-private-weights)")
+    parser.add_argument("--weights-epsilon", type=float, default=None, metavar="E",
+                        help="ε of the weights on their own, spent from the run's ledger")
+    parser.add_argument("--temper", type=float, default=1.0, help="weights w^τ, τ in [0, 1] (default 1)")
+    parser.add_argument("--no-psis", action="store_true", help="do not Pareto-smooth the weights (k̂ is reported anyway)")
+    parser.add_argument("--allow-non-private-weights", action="store_true",
+                        help="allow logreg/mlp (fitted without DP): the run's ledger then records NO DP CLAIM")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
+    for name in ("pytorch_lightning", "lightning_fabric", "lightning"):  # priv_mlp trains with a Trainer: no banners
+        logging.getLogger(name).setLevel(logging.WARNING)
+    warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*")
     try:
-        path = sample_checkpoint(args.checkpoint, args.num_rows, args.out, seed=args.seed)
+        if args.weights is None:
+            if args.num_rows is None:
+                raise ValueError("--num-rows is required (the number of rows to write).")
+            path = sample_checkpoint(args.checkpoint, args.num_rows, args.out, seed=args.seed)
+            print(f"wrote {args.num_rows} rows to {path}")
+            return 0
+        weights = {"estimator": args.weights, "epsilon": args.weights_epsilon, "temper": args.temper,
+                   "psis": not args.no_psis, "allow_non_private": args.allow_non_private_weights}
+        path, summary = sample_weighted(args.checkpoint, args.num_rows, args.out, weights=weights, seed=args.seed)
     except (UserError, ValueError) as err:  # bad input (CheckpointError, UnsafeConfigError, DataError): says why
         print(f"error: {err}", file=sys.stderr)
         return EXIT_USER_ERROR
-    print(f"wrote {args.num_rows} rows to {path}")
+    print(f"wrote {summary['rows']} weighted rows to {path}: Kish ESS {summary['kish_ess']:.1f}, "
+          f"PSIS k̂ {summary['psis_k']:.2f} ({summary['psis_verdict']}); {summary['ledger']}")
     return 0
 
 

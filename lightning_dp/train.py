@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 import warnings
@@ -27,6 +28,7 @@ from lightning_dp.privacy.metrics import GuardedCSVLogger, declared_metrics
 from lightning_dp.resume import resume_config, resume_state
 from lightning_dp.run_log import RunLog
 from lightning_dp.synthetic import write_samples
+from lightning_dp.weighting.apply import Weighting, WeightsConfig, weighted_frame
 
 log = logging.getLogger(__name__)
 
@@ -125,11 +127,70 @@ def train(cfg: DictConfig, *, overrides: Sequence[str] | None = None) -> dict[st
             resume that would change the run (``ResumeError``).
         BudgetExceededError: the budget is already spent (e.g. resuming a finished run).
     """
+    if cfg.get("tune"):  # private hyperparameter selection: candidates are train() runs with tune=null
+        from lightning_dp.tuning.tune import tune
+
+        return tune(cfg, overrides=overrides)
     run_log = RunLog()
     try:
         return _train(cfg, overrides=overrides, run_log=run_log)
     finally:
         run_log.close()
+
+
+def _weighting(cfg: DictConfig) -> Weighting | None:
+    """The run's ``weights`` setting, checked (estimator, parameters, model) before any release."""
+    if not cfg.get("weights"):
+        return None
+    config = WeightsConfig.from_node(OmegaConf.to_container(cfg.weights, resolve=True))
+    return Weighting(config, layout=None, model_name=cfg.model.name, model_cfg=cfg.model)
+
+
+def _reserve_weights(cfg: DictConfig, weighting: Weighting, dm: PrivateDataModule, ledger: PrivacyLedger) -> int:
+    """Plan the weights for this run's synthetic rows and reserve their budget before the generator calibrates.
+
+    Every rank reserves the same (a deterministic function of the released facts), so the generator's
+    mechanisms calibrate alike everywhere. Returns the number of rows to weight.
+
+    Raises:
+        ConfigError: image data, or more rows than the estimator admits.
+    """
+    if dm.kind != "tabular":
+        raise ConfigError(f"weights={weighting.config.estimator} weights tabular rows; {cfg.data.name} is image data. "
+                          "Drop the weights setting.")
+    weighting.layout = dm.layout
+    num_real = dm.released_num_rows
+    rows = cfg.get("num_samples") or weighting.default_rows(num_real=num_real, ledger=ledger)
+    releases = weighting.plan(num_real=num_real, num_rows=rows, ledger=ledger)
+    ledger.unreserve()
+    if not any(ledger.has(r.name) for r in releases):  # not yet spent (a resumed run reserves again)
+        ledger.reserve(releases)
+        if releases:
+            log.info("Reserved the weights' budget (%s) before training: %s", weighting.config.estimator, ledger.summary())
+    return int(rows)
+
+
+def _write_weighted(cfg: DictConfig, weighting: Weighting, model: Any, dm: PrivateDataModule, ledger: PrivacyLedger,
+                    record: RunRecord, trainer: pl.Trainer, rows: int) -> dict[str, Any]:
+    """Spend the reserved budget on the weights, save the checkpoint with the ledger, write the weighted rows."""
+    from lightning_dp.data.datamodule import write_table
+    from lightning_dp.io import atomic_write_text
+
+    out = Path(cfg.output_dir)
+    sample = weighting.run(model=model.cpu(), real=(dm.x, dm.y), num_rows=rows, num_real=dm.released_num_rows,
+                           ledger=ledger, generator=mech.noise_generator(cfg.privacy.get("noise_seed")), seed=cfg.seed)
+    record.save(trainer)  # the checkpoint's ledger now holds the weights' release too
+    path = out / "synthetic.csv"
+    try:
+        write_table(weighted_frame(dm.state_dict(), sample), path)
+        atomic_write_text(out / "weights.json", json.dumps(sample.summary, indent=2, default=float) + "\n")
+    except OSError as err:
+        raise StorageError(f"Writing the weighted synthetic data failed ({err.strerror or err}); the weights' budget is "
+                           f"spent and on the ledger ({ledger.summary()}). Free space, then weight a new sample with "
+                           f"python -m lightning_dp.sample {record.last_path} --weights ... if budget remains.") from err
+    log.info("Wrote %d weighted rows to %s: Kish ESS %.1f, PSIS k̂ %.2f (%s); %s", len(sample.weights), path,
+             sample.summary["kish_ess"], sample.summary["psis_k"], sample.summary["psis_verdict"], ledger.summary())
+    return {"synthetic": str(path), "weights": sample.summary, "epsilon": ledger.spent}
 
 
 class _RunFiles:
@@ -175,6 +236,7 @@ def _train(cfg: DictConfig, *, overrides: Sequence[str] | None, run_log: RunLog)
             led.save_json(out / "ledger.json")
 
         ledger.persist = persist
+    weighting = _weighting(cfg)  # its settings are checked before anything is released
     pl.seed_everything(cfg.seed, workers=True)
     noise_seed = cfg.privacy.get("noise_seed")
     dm = PrivateDataModule(**cfg.data)
@@ -188,6 +250,7 @@ def _train(cfg: DictConfig, *, overrides: Sequence[str] | None, run_log: RunLog)
     ledger.commit = None
     if rank == 0:
         publish_prefit(out, ledger=ledger.state_dict(), data=dm.state_dict(), complete=True)
+    num_weighted = _reserve_weights(cfg, weighting, dm, ledger) if weighting is not None else 0
     model = build_model(cfg.model, dm.layout)
     advise(cfg, dm)
     check_space(out, checkpoint_bytes(model))
@@ -220,7 +283,9 @@ def _train(cfg: DictConfig, *, overrides: Sequence[str] | None, run_log: RunLog)
     record.save(trainer)
     result: dict[str, Any] = {"output_dir": str(out), "checkpoint": str(record.last_path),
                               "ledger": str(record.ledger_path), "epsilon": ledger.spent, "delta": ledger.delta}
-    if trainer.is_global_zero:
+    if trainer.is_global_zero and weighting is not None:
+        result.update(_write_weighted(cfg, weighting, model, dm, ledger, record, trainer, num_weighted))
+    elif trainer.is_global_zero:
         n = cfg.get("num_samples") or max(round(dm.released_num_rows), 1)  # never the exact count
         try:
             result["synthetic"] = write_samples(model, dm.state_dict(), n, out / "synthetic", seed=cfg.seed)

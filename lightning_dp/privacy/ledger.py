@@ -29,7 +29,7 @@ from lightning_dp.privacy import mechanisms as mech
 
 log = logging.getLogger(__name__)
 
-MECHANISMS = ("gaussian", "subsampled_gaussian", "laplace", "exponential")
+MECHANISMS = ("gaussian", "subsampled_gaussian", "laplace", "exponential", "rdp_curve")
 ADJACENCIES = ("add_remove", "replace_one")
 ACCOUNTANTS = ("rdp", "prv")
 PRV_MAX_POINTS = 2**20  # cap on Opacus' PRV grid (see PrivacyLedger._prv_epsilon)
@@ -95,6 +95,9 @@ class Release:
         count: number of identical uses composed.
         delta: additive δ of the release beyond its RDP curve (e.g. partition selection).
         note: free text shown in reports (why this release exists, how its sensitivity follows).
+        rdp_values: ``rdp_curve`` only: the RDP ε of one use at each of ``rdp_orders`` (e.g. a private selection's
+            bound, ``lightning_dp/tuning/selection.py``); ``None`` otherwise.
+        rdp_orders: ``rdp_curve`` only: the orders of ``rdp_values``; they must be the ledger's orders.
     """
 
     name: str
@@ -108,11 +111,24 @@ class Release:
     note: str = ""
     first_at: str = field(default_factory=_now)
     last_at: str = field(default_factory=_now)
+    rdp_values: tuple[float, ...] | None = None
+    rdp_orders: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.mechanism not in MECHANISMS:
             raise ValueError(f"Unknown mechanism {self.mechanism!r}; valid: {', '.join(MECHANISMS)}.")
-        if self.mechanism == "exponential":
+        for key in ("rdp_values", "rdp_orders"):  # tuples, also when read back from JSON lists
+            if getattr(self, key) is not None:
+                object.__setattr__(self, key, tuple(float(v) for v in getattr(self, key)))
+        if self.mechanism == "rdp_curve":
+            if self.rdp_values is None or self.rdp_orders is None or len(self.rdp_values) != len(self.rdp_orders):
+                raise ValueError(f"Release {self.name!r}: rdp_curve needs rdp_values and rdp_orders of the same "
+                                 "length.")
+            if not all(v >= 0 for v in self.rdp_values):  # NaN fails too
+                raise ValueError(f"Release {self.name!r}: rdp_curve values must be >= 0 (inf allowed).")
+        elif self.rdp_values is not None or self.rdp_orders is not None:
+            raise ValueError(f"Release {self.name!r}: rdp_values and rdp_orders are for mechanism='rdp_curve' only.")
+        elif self.mechanism == "exponential":
             if self.epsilon is None or self.epsilon <= 0:
                 raise ValueError(f"Release {self.name!r}: the exponential mechanism needs epsilon > 0.")
         elif self.noise_multiplier is None or self.noise_multiplier <= 0:
@@ -126,12 +142,18 @@ class Release:
         """RDP curve of all ``count`` uses of this release (RDP composes additively: count × one use)."""
         if self.count == 0:
             return np.zeros(len(orders))
+        if self.mechanism == "rdp_curve":
+            if tuple(float(a) for a in orders) != self.rdp_orders:
+                raise ValueError(f"Release {self.name!r} holds an RDP curve at other orders than the ledger's; "
+                                 "compute the curve at the ledger's orders.")
+            return self.count * np.asarray(self.rdp_values, dtype=float)
         return self.count * _unit_rdp(self.mechanism, self.noise_multiplier, self.sample_rate, self.epsilon,
                                       tuple(orders))
 
     def same_mechanism(self, other: Release) -> bool:
         """True when ``other`` is another use of exactly this mechanism (so counts can merge)."""
-        keys = ("name", "mechanism", "sensitivity", "noise_multiplier", "epsilon", "sample_rate", "delta")
+        keys = ("name", "mechanism", "sensitivity", "noise_multiplier", "epsilon", "sample_rate", "delta",
+                "rdp_values", "rdp_orders")
         return all(getattr(self, k) == getattr(other, k) for k in keys)
 
 
@@ -182,6 +204,8 @@ class PrivacyLedger:
         self.releases: list[Release] = []
         # uses of private rows outside any mechanism (name -> why): each voids the run's DP claim (:meth:`waive`)
         self.no_dp_claim: dict[str, str] = {}
+        # budget held for releases planned for later (:meth:`reserve`): counted in every check, not in ``spent``
+        self.reserved: list[Release] = []
         # durability (``durable`` and ``record``): ``persist(ledger)`` writes the ledger itself (ledger.json),
         # ``commit()`` saves the released values a resumed run needs together with the ledger (a checkpoint)
         self.persist: Callable[[PrivacyLedger], None] | None = None
@@ -203,8 +227,8 @@ class PrivacyLedger:
         Results are memoised: a DP-SGD step asks for the same spend several times (the check before the
         step, ``ledger.json``, the logged metric), and a PRV evaluation is expensive.
         """
-        key = (prv, tuple((r.mechanism, r.sensitivity, r.noise_multiplier, r.epsilon, r.sample_rate, r.count, r.delta)
-                          for r in releases))
+        key = (prv, tuple((r.mechanism, r.sensitivity, r.noise_multiplier, r.epsilon, r.sample_rate, r.count, r.delta,
+                           r.rdp_values, r.rdp_orders) for r in releases))
         cache = self._epsilon_cache
         if key not in cache:
             if len(cache) > 1024:
@@ -275,8 +299,55 @@ class PrivacyLedger:
         return max(self.target_epsilon - self.spent, 0.0)
 
     def epsilon_if(self, planned: Sequence[Release]) -> float:
-        """ε the run would reach after the ``planned`` releases."""
-        return self.epsilon(self._merged(planned))
+        """ε the run would reach after the ``planned`` releases, with the budget still reserved (:meth:`reserve`)."""
+        return self.epsilon(self._merged(planned) + self._unreserved(planned))
+
+    def _unreserved(self, planned: Sequence[Release]) -> list[Release]:
+        """The reservations left once ``planned`` has used the ones it matches (same mechanism, count by count)."""
+        left = list(self.reserved)
+        for p in planned:
+            for i, r in enumerate(left):
+                if r.same_mechanism(p):
+                    left[i] = replace(r, count=max(r.count - p.count, 0))
+                    break
+        return [r for r in left if r.count > 0]
+
+    def reserve(self, releases: Sequence[Release]) -> None:
+        """Hold budget for ``releases`` that come later in the run (e.g. the bias-mitigation weights after training).
+
+        Every later check (``record``, ``epsilon_if``, ``calibrate``) counts the reservation as if it were
+        spent, so a mechanism that calibrates to the target leaves room for it; ``spent`` does not include it.
+        A recorded release that matches a reservation (same mechanism) uses it up, count by count. Nothing
+        is released here, so reserving and :meth:`unreserve` are always safe.
+
+        Raises:
+            BudgetExceededError: the recorded releases and all reservations would exceed the target.
+            ReleaseNotSavedError: the ledger could not be written.
+        """
+        reserved = [*self.reserved, *releases]
+        eps = self.epsilon([*self.releases, *reserved])
+        if eps > self.target_epsilon * (1 + 1e-9):
+            raise BudgetExceededError(
+                f"Reserving {', '.join(r.name for r in releases)} would take ε to {eps:.4g}, above the run's target "
+                f"ε={self.target_epsilon:g} ({self.summary()}). Ask for less (e.g. a smaller weights.epsilon) or "
+                "start a new run with a larger privacy.epsilon.")
+        before, self.reserved = self.reserved, reserved
+        try:
+            self._persist()
+        except BaseException:
+            self.reserved = before
+            raise
+
+    def unreserve(self, prefix: str = "") -> None:
+        """Drop the reservations whose name starts with ``prefix`` (all by default); nothing was released for them."""
+        before = self.reserved
+        self.reserved = [r for r in self.reserved if not r.name.startswith(prefix)]
+        if self.reserved != before:
+            try:
+                self._persist()
+            except BaseException:
+                self.reserved = before
+                raise
 
     def _merged(self, planned: Sequence[Release]) -> list[Release]:
         merged = list(self.releases)
@@ -330,8 +401,8 @@ class PrivacyLedger:
             BudgetExceededError: the release would take ε above ``target_epsilon``.
             ReleaseNotSavedError: the ledger could not be written; the release is not recorded.
         """
-        merged = self._merged([release])
-        eps = self.epsilon(merged)
+        merged, reserved = self._merged([release]), self._unreserved([release])
+        eps = self.epsilon(merged + reserved)
         if eps > self.target_epsilon * (1 + 1e-9):
             raise BudgetExceededError(
                 f"Release {release.name!r} ({release.mechanism}, noise multiplier {release.noise_multiplier}, "
@@ -340,12 +411,13 @@ class PrivacyLedger:
                 "increase the noise, plan fewer steps, or start a new run with a larger privacy.epsilon "
                 "(a resumed run keeps the ε it has spent)."
             )
-        before, self.releases = self.releases, merged
+        before = (self.releases, self.reserved)
+        self.releases, self.reserved = merged, reserved
         if not self._open_blocks:
             try:
                 self._persist()
             except BaseException:
-                self.releases = before
+                self.releases, self.reserved = before
                 raise
         return eps
 
@@ -375,7 +447,7 @@ class PrivacyLedger:
         """
         from lightning_dp.privacy.durable import held_logs
 
-        snapshot = list(self.releases)
+        snapshot, reserved = list(self.releases), list(self.reserved)
         self._open_blocks += 1
         try:
             with held_logs():
@@ -393,7 +465,7 @@ class PrivacyLedger:
                             "space or fix the output folder's permissions, then resume with resume=last.") from err
                     self._persist()
         except BaseException:
-            self.releases = snapshot
+            self.releases, self.reserved = snapshot, reserved
             raise
 
     def calibrate(
@@ -432,9 +504,10 @@ class PrivacyLedger:
             )
 
         def fits(sigma: float, prv: bool) -> bool:
-            return self._epsilon(self._merged(planned(sigma)), prv=prv) <= goal
+            releases = planned(sigma)
+            return self._epsilon(self._merged(releases) + self._unreserved(releases), prv=prv) <= goal
 
-        use_prv = self.accountant == "prv" and _prv_applies(self._merged(planned(high)))
+        use_prv = self.accountant == "prv" and _prv_applies(self._merged(planned(high)) + self.reserved)
         if not use_prv:
             return _smallest(lambda s: fits(s, False), low, high, rtol)
         if not fits(high, False):  # the recorded releases fit only under PRV: no RDP bracket
@@ -453,6 +526,7 @@ class PrivacyLedger:
             "adjacency": self.adjacency,
             "orders": list(self.orders),
             "releases": [asdict(r) for r in self.releases],
+            "reserved": [asdict(r) for r in self.reserved],
             "no_dp_claim": dict(self.no_dp_claim),
         }
 
@@ -472,6 +546,7 @@ class PrivacyLedger:
         self.orders = tuple(state["orders"])
         self._epsilon_cache = {}  # computed for the old orders
         self.releases = [Release(**r) for r in state["releases"]]
+        self.reserved = [Release(**r) for r in state.get("reserved") or []]
         self.no_dp_claim = {**dict(state.get("no_dp_claim") or {}), **self.no_dp_claim}  # never withdrawn
 
     @staticmethod
@@ -538,6 +613,8 @@ class PrivacyLedger:
             "delta_of_releases": sum(r.delta for r in self.releases),
             "orders": list(self.orders),
             "releases": rows,
+            "reserved": [{**asdict(r), "epsilon_alone": self.epsilon([r])} for r in self.reserved],
+            "epsilon_with_reserved": self.epsilon([*self.releases, *self.reserved]),
         }
 
     @staticmethod
@@ -547,6 +624,7 @@ class PrivacyLedger:
         return {**{k: d[k] for k in ("target_epsilon", "delta", "accountant", "adjacency")},
                 "orders": list(d.get("orders", mech.DEFAULT_ORDERS)),
                 "releases": [{k: v for k, v in r.items() if k in fields} for r in d["releases"]],
+                "reserved": [{k: v for k, v in r.items() if k in fields} for r in d.get("reserved") or []],
                 "no_dp_claim": {w["name"]: w["note"] for w in d.get("no_dp_claim") or []}}
 
     def save_json(self, path: str) -> None:
@@ -556,6 +634,9 @@ class PrivacyLedger:
     def summary(self) -> str:
         """One line for logs: ``ε = 0.98 of 1 (δ = 1e-05), 3 releases``."""
         text = f"ε = {self.spent:.4g} of {self.target_epsilon:g} (δ = {self.delta:g}), {len(self.releases)} releases"
+        if self.reserved:
+            text += (f" (ε = {self.epsilon([*self.releases, *self.reserved]):.4g} with the budget reserved for "
+                     f"{', '.join(r.name for r in self.reserved)})")
         if self.no_dp_claim:
             text += f"; NO DP CLAIM for the run ({', '.join(self.no_dp_claim)} trained on private rows without DP)"
         return text

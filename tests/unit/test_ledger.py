@@ -182,3 +182,48 @@ def test_laplace_and_pure_dp_curves_are_bounded_by_epsilon():
     assert mech.laplace_rdp([1.0001], noise_multiplier=lam)[0] == pytest.approx(
         1 / lam + math.exp(-1 / lam) - 1, rel=1e-3
     )
+
+
+# ---------------------------------------------------------------- reservations (budget held for later releases)
+def _weights_release(count: int = 1) -> Release:
+    return Release(name="weights/output_lapl", mechanism="laplace", sensitivity=0.02, noise_multiplier=10.0, count=count)
+
+
+def _sgd(sigma: float, count: int = 500) -> Release:
+    return Release(name="dp_sgd/d", mechanism="subsampled_gaussian", sensitivity=1.0, noise_multiplier=sigma,
+                   sample_rate=0.05, count=count)
+
+
+def test_a_reservation_leaves_room_that_calibration_does_not_take():
+    ledger = PrivacyLedger(target_epsilon=4.0, delta=1e-5)
+    ledger.reserve([_weights_release(20)])
+    sigma = ledger.calibrate(lambda s: [_sgd(s)])
+    ledger.record(_sgd(sigma))
+    assert ledger.spent < 4.0 - 0.5  # the weights' share is still free
+    assert ledger.epsilon_if([]) == pytest.approx(4.0, rel=1e-3)
+    with pytest.raises(BudgetExceededError):
+        ledger.record(_sgd(sigma, count=1))  # one more step would eat the reservation
+    for _ in range(20):  # the reserved releases, one by one, use it up
+        ledger.record(_weights_release())
+    assert ledger.reserved == []
+    assert ledger.spent == pytest.approx(4.0, rel=1e-3)
+
+
+def test_reservations_travel_in_the_state_and_json_and_can_be_dropped():
+    ledger = PrivacyLedger(target_epsilon=2.0, delta=1e-5)
+    ledger.reserve([_weights_release(5)])
+    again = PrivacyLedger.from_state_dict(ledger.state_dict())
+    assert again.reserved == ledger.reserved
+    view = ledger.to_dict()
+    assert view["reserved"][0]["name"] == "weights/output_lapl" and view["epsilon"] == 0.0
+    assert PrivacyLedger.state_from_json(view)["reserved"][0]["count"] == 5
+    assert "reserved" in ledger.summary()
+    again.unreserve()
+    assert again.reserved == [] and again.epsilon_if([]) == 0.0
+
+
+def test_a_reservation_beyond_the_target_is_refused():
+    ledger = PrivacyLedger(target_epsilon=0.5, delta=1e-5)
+    with pytest.raises(BudgetExceededError, match="Reserving"):
+        ledger.reserve([_weights_release(500)])
+    assert ledger.reserved == []

@@ -1,0 +1,115 @@
+"""Private hyperparameter selection (tune=...): one ledger release for the whole selection, never above the target."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from lightning_dp.privacy.ledger import BudgetExceededError, PrivacyLedger
+from lightning_dp.train import train
+from lightning_dp.tuning.selection import tnb_rdp
+from lightning_dp.tuning.tune import SELECTION_NAME, TuneConfig, plan
+from tests.conftest import make_cfg
+
+SPACE = "dp_merf:\n  model.module.num_features: [100, 200]\n  model.module.bandwidth_scale: [2.0, 4.0]\n"
+# γ = 0.6, η = 0: E[K] ≈ 1.3 candidates, to keep the test fast
+FAST = ["tune=default", "tune.eta=0", "tune.gamma=0.6", "model.module.steps_per_epoch=2",
+        "privacy.noise_seed=0", "privacy.allow_large_delta=true"]
+
+
+def _space(tmp_path: Path) -> str:
+    path = tmp_path / "space.yaml"
+    path.write_text(SPACE)
+    return str(path)
+
+
+def _cfg(tmp_path: Path, *extra: str):
+    return make_cfg(tmp_path / "run", *FAST, f"tune.space={_space(tmp_path)}", *extra)
+
+
+def test_tuning_run_records_one_selection_within_target(tmp_path, single_thread, caplog):
+    caplog.set_level(logging.INFO)
+    cfg = _cfg(tmp_path, "privacy.epsilon=8")
+    result = train(cfg)
+    out = Path(result["output_dir"])
+    assert (out / "checkpoints" / "last.ckpt").is_file() and (out / "synthetic.csv").is_file()
+    ledger = json.loads((out / "ledger.json").read_text())
+    assert [r["name"] for r in ledger["releases"]] == [SELECTION_NAME]
+    assert 0 < ledger["epsilon"] <= 8 * (1 + 1e-9)
+    from lightning_dp.checkpoint import load_checkpoint
+
+    record = load_checkpoint(out / "checkpoints" / "last.ckpt")["lightning_dp"]
+    assert [r["name"] for r in record["ledger"]["releases"]] == [SELECTION_NAME]  # the run's ledger, not the candidate's
+    summary = json.loads((out / "tuning.json").read_text())
+    assert summary["score"] == "private" and summary["epsilon_selection"] == pytest.approx(ledger["epsilon"])
+    assert len(pd.read_csv(out / "tuning.csv")) == 1  # only the chosen row is public
+    private = (out / "tuning_private.csv").read_text().splitlines()
+    assert private[0].startswith("# PRIVATE")
+    assert not (out / "tuning").exists()  # unchosen candidates are not left behind
+    assert "NOT covered" in (out / "train.log").read_text()
+
+
+def test_a_model_with_dp_sgd_is_refused_before_anything_is_written(tmp_path):
+    cfg = make_cfg(tmp_path / "run", "model=dp_gan", "tune=default")
+    with pytest.raises(ValueError, match="all Gaussian"):
+        train(cfg)
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_plan_that_cannot_fit_is_refused_before_anything_is_written(tmp_path):
+    # γ = 0.02, η = 1: E[K] = 50; the selection's fixed terms alone (log(1/γ), log E[K]) exceed ε = 0.02
+    cfg = make_cfg(tmp_path / "run", "tune=default", "tune.gamma=0.02", "privacy.epsilon=0.02",
+                   f"tune.space={_space(tmp_path)}")
+    with pytest.raises(BudgetExceededError, match="cannot fit"):
+        train(cfg)
+    assert not (tmp_path / "run").exists() or not any((tmp_path / "run").iterdir())
+
+
+def test_too_many_candidates_are_refused(tmp_path):
+    from lightning_dp.errors import ConfigError
+
+    cfg = make_cfg(tmp_path / "run", "tune=default", "tune.gamma=0.001", f"tune.space={_space(tmp_path)}")
+    with pytest.raises(ConfigError, match="E\\[K\\]"):
+        train(cfg)
+    assert not (tmp_path / "run").exists()
+
+
+def test_plan_bound_matches_theorem_and_fills_the_target(tmp_path):
+    cfg = _cfg(tmp_path, "privacy.epsilon=2")
+    tc = TuneConfig.from_cfg(cfg)
+    ledger = PrivacyLedger(target_epsilon=2.0, delta=1e-5)
+    p = plan(tc, ledger)
+    orders = np.asarray(ledger.orders)
+    from lightning_dp.privacy import mechanisms as mech
+
+    eps = mech.rdp_to_epsilon(orders, tnb_rdp(orders, p.rho * orders, eta=0, gamma=0.6), 1e-5)
+    assert eps == pytest.approx(2.0, rel=1e-4) and eps <= 2.0
+    assert p.score_sigma == pytest.approx((2 * 0.1 * p.rho) ** -0.5)
+
+
+def test_public_validation_score_costs_nothing(tmp_path, single_thread, caplog):
+    from lightning_dp.data.sources import load_breast_cancer
+
+    # a public validation file with the data's columns (rows of the bundled set stand in for public data)
+    validation = tmp_path / "validation.csv"
+    load_breast_cancer().train.head(60).to_csv(validation, index=False)
+    ledger = PrivacyLedger(target_epsilon=8.0, delta=1e-5)
+    p_private = plan(TuneConfig.from_cfg(_cfg(tmp_path, "privacy.epsilon=8")), ledger)
+    cfg = _cfg(tmp_path, "privacy.epsilon=8", f"tune.validation={validation}")
+    p_public = plan(TuneConfig.from_cfg(cfg), ledger)
+    assert p_public.score_sigma is None and np.all(p_public.score_rdp() == 0)
+    assert p_public.rho == pytest.approx(p_private.rho)
+    assert p_public.train_epsilon > p_private.train_epsilon  # the candidates get the score's share too
+    caplog.set_level(logging.INFO)
+    result = train(cfg)
+    out = Path(result["output_dir"])
+    summary = json.loads((out / "tuning.json").read_text())
+    assert summary["score"] == "public" and summary["score_sigma"] is None
+    assert summary["score_budget_fraction"] == 0
+    assert "charged nothing" in (out / "train.log").read_text()
+    assert 0 <= summary["chosen"]["score"] <= 1
