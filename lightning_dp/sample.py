@@ -15,6 +15,7 @@ and costs nothing.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 import warnings
@@ -70,13 +71,16 @@ def sample_weighted(checkpoint: str | Path, num_rows: int | None, out: str | Pat
         seed: seed of the synthetic sample.
 
     Returns:
-        The file written and the weights' public summary (estimator, ε, Kish ESS, PSIS k̂).
+        The file written and the weights' summary (estimator, ε, Kish ESS, PSIS k̂), also written beside it as
+        ``OUT.weights.json``. Non-private reference weights (``--allow-non-private-weights``) leave the run's ledger
+        and DP claim untouched: the written file is private and its summary says so.
 
     Raises:
         ConfigError, BudgetExceededError, CheckpointError, DataError: refused before anything is released.
     """
     from lightning_dp.data.datamodule import PrivateDataModule, write_table
     from lightning_dp.data.dp_count import RowCount
+    from lightning_dp.io import atomic_write_text
     from lightning_dp.privacy import mechanisms as mech
     from lightning_dp.resume import resume_state
     from lightning_dp.weighting.apply import Weighting, WeightsConfig, weighted_frame
@@ -116,9 +120,13 @@ def sample_weighted(checkpoint: str | Path, num_rows: int | None, out: str | Pat
 
     ledger.persist = persist
     sample = weighting.run(model=run.model, real=real, num_rows=rows, num_real=num_real, ledger=ledger,
-                           generator=mech.noise_generator(), seed=seed)
-    write_table(weighted_frame(run.data_state, sample), out)
+                           generator=mech.noise_generator(), seed=seed, waive=False)
     summary = {**sample.summary, "rows": len(sample.weights), "ledger": ledger.summary()}
+    if weighting.no_guarantee:  # the run's artefacts stay DP; this file is not, and says so beside it
+        summary["PRIVATE"] = (f"{out.name} holds weights that {weighting.no_guarantee}: they are computed from the "
+                              "run's private rows without a mechanism. Handle the file like the data; do not publish it.")
+    write_table(weighted_frame(run.data_state, sample), out)
+    atomic_write_text(out.with_name(out.name + ".weights.json"), json.dumps(summary, indent=2, default=float) + "\n")
     return str(out), summary
 
 
@@ -137,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--temper", type=float, default=1.0, help="weights w^τ, τ in [0, 1] (default 1)")
     parser.add_argument("--no-psis", action="store_true", help="do not Pareto-smooth the weights (k̂ is reported anyway)")
     parser.add_argument("--allow-non-private-weights", action="store_true",
-                        help="allow logreg/mlp (fitted without DP): the run's ledger then records NO DP CLAIM")
+                        help="allow logreg/mlp (fitted without DP): the written file is then PRIVATE (the run stays DP)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     for name in ("pytorch_lightning", "lightning_fabric", "lightning"):  # priv_mlp trains with a Trainer: no banners
@@ -158,6 +166,8 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USER_ERROR
     print(f"wrote {summary['rows']} weighted rows to {path}: Kish ESS {summary['kish_ess']:.1f}, "
           f"PSIS k̂ {summary['psis_k']:.2f} ({summary['psis_verdict']}); {summary['ledger']}")
+    if "PRIVATE" in summary:
+        print(f"PRIVATE: {summary['PRIVATE']}")
     return 0
 
 

@@ -200,7 +200,8 @@ class Weighting:
 
     # ------------------------------------------------------------------ fitting
     def run(self, *, model: Any, real: tuple[Tensor, Tensor] | None, num_rows: int, num_real: float,
-            ledger: PrivacyLedger, generator: torch.Generator, seed: int | None = None) -> WeightedSample:
+            ledger: PrivacyLedger, generator: torch.Generator, seed: int | None = None,
+            waive: bool = True) -> WeightedSample:
         """Sample ``num_rows`` rows, spend the planned releases on ``ledger`` and fit their weights.
 
         Args:
@@ -211,6 +212,9 @@ class Weighting:
             ledger: the run's ledger (reserved budget is used up by the matching releases).
             generator: the privacy noise generator.
             seed: seed of the synthetic sample.
+            waive: for weights without a guarantee (``no_guarantee``), record on ``ledger`` that the run makes no DP
+                claim (its own artefacts hold them: ``train.py``). ``False`` when they go to a separate file that the
+                caller labels private instead (``python -m lightning_dp.sample``), leaving the run's claim intact.
 
         Raises:
             BudgetExceededError: the releases do not fit (checked before the private rows are touched).
@@ -225,7 +229,7 @@ class Weighting:
             if real is None:
                 raise ValueError(f"weights={self.config.estimator} needs the run's private rows.")
             real_features = unit_ball(joint_features(real[0], real[1], self.layout), radius)  # (N_D, F)
-        if self.no_guarantee:
+        if self.no_guarantee and waive:
             ledger.waive(f"weights/{self.config.estimator}", f"importance weights that {self.no_guarantee}")
         records_itself = getattr(self.estimator, "records_own_releases", False)
         with ledger.durable():  # on disk before the noisy weights exist

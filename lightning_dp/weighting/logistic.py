@@ -65,7 +65,6 @@ from lightning_dp.weighting.base import (
 from lightning_dp.weighting.features import check_unit_ball
 from lightning_dp.weighting.noise import (
     gaussian_exp_moments,
-    ji_elkan_factor,
     ji_elkan_log_factor,
     laplace_exp_moments,
     laplace_location,
@@ -105,7 +104,7 @@ def fit_logistic(real: np.ndarray, synthetic: np.ndarray, *, l2: float) -> np.nd
 
 
 def coefficient_release(name: str, *, num_features: int, l2: float, adjacency: str, epsilon: float,
-                        delta: float) -> Release:
+                        delta: float, noise: str = "laplace") -> Release:
     """The Laplace release of β (one noise draw per coefficient), calibrated to be (ε, δ)-DP on its own.
 
     The L1 sensitivity of β is S₁ = √F·Δ₂. The ledger's Laplace RDP curve (Mironov 2017, Prop. 6) is stated
@@ -116,36 +115,45 @@ def coefficient_release(name: str, *, num_features: int, l2: float, adjacency: s
     scale consistent with what the ledger will charge; for this single use it lands within a fraction of a
     percent of the pure-DP scale S₁/ε (RDP gains over pure DP only under composition, e.g. output perturbation).
     """
-    s1 = math.sqrt(num_features) * coefficient_sensitivity(l2, adjacency=adjacency)
-    note = (f"Laplace on the {num_features} logistic-regression coefficients; L1 sensitivity √F·Δ₂ with "
-            f"Δ₂ = {'1' if adjacency == 'add_remove' else '2'}/μ, μ = {l2:g} (rows in the unit ball)")
+    delta2 = coefficient_sensitivity(l2, adjacency=adjacency)
+    if noise == "gaussian":  # the L2 sensitivity itself: no √F, and Gaussian RDP composes well with the run
+        sens, note = delta2, (f"Gaussian on the {num_features} logistic-regression coefficients; L2 sensitivity Δ₂ = "
+                              f"{'1' if adjacency == 'add_remove' else '2'}/μ, μ = {l2:g} (rows in the unit ball)")
+    else:
+        sens = math.sqrt(num_features) * delta2
+        note = (f"Laplace on the {num_features} logistic-regression coefficients; L1 sensitivity √F·Δ₂ with "
+                f"Δ₂ = {'1' if adjacency == 'add_remove' else '2'}/μ, μ = {l2:g} (rows in the unit ball)")
+    mechanism = "gaussian" if noise == "gaussian" else "laplace"
 
     def planned(sigma: float) -> list[Release]:
-        return [Release(name=name, mechanism="laplace", sensitivity=s1, noise_multiplier=sigma, note=note)]
+        return [Release(name=name, mechanism=mechanism, sensitivity=sens, noise_multiplier=sigma, note=note)]
 
     return planned(standalone_noise(planned, epsilon=epsilon, delta=delta))[0]
 
 
 def perturbed_logistic(real: Tensor, synthetic: Tensor, *, l2: float, release: Release,
                        generator: torch.Generator) -> np.ndarray:
-    """β̄ = β̂ + ζ, ζ_j ~ Laplace(0, b) iid with b = the release's noise multiplier × its L1 sensitivity; (F,).
+    """β̄ = β̂ + ζ: ζ_j ~ Laplace(0, b) iid with b = the release's noise multiplier × its L1 sensitivity, or (a
+    ``gaussian`` release) ζ ~ N(0, s²I) with s = noise multiplier × the L2 sensitivity; (F,).
 
     Both row sets must be in the unit ball (the sensitivity needs it).
 
     Raises:
-        ValueError: rows outside the unit ball, or a release that is not a Laplace on these F coefficients.
+        ValueError: rows outside the unit ball, or a release that is not that noise on these F coefficients.
     """
     check_unit_ball(real, what="real rows")
     check_unit_ball(synthetic, what="synthetic rows")
     num_features = real.shape[1]
-    expected = math.sqrt(num_features) / l2
-    if release.mechanism != "laplace" or not any(math.isclose(release.sensitivity, k * expected)
-                                                  for k in (1.0, 2.0)):
-        raise ValueError(f"Release {release.name!r} does not describe Laplace noise on {num_features} coefficients "
-                         f"with μ = {l2:g} (L1 sensitivity √F/μ or 2√F/μ); pass the releases plan() returned.")
+    expected = (1.0 if release.mechanism == "gaussian" else math.sqrt(num_features)) / l2
+    if release.mechanism not in ("laplace", "gaussian") or not any(
+            math.isclose(release.sensitivity, k * expected) for k in (1.0, 2.0)):
+        raise ValueError(f"Release {release.name!r} does not describe Laplace (L1 sensitivity √F/μ or 2√F/μ) or "
+                         f"Gaussian (L2 sensitivity 1/μ or 2/μ) noise on {num_features} coefficients with μ = {l2:g}; "
+                         "pass the releases plan() returned.")
     beta = fit_logistic(_numpy(real), _numpy(synthetic), l2=l2)
-    noisy = laplace_noise(torch.from_numpy(beta), sensitivity=release.sensitivity,
-                          noise_multiplier=release.noise_multiplier, generator=generator)
+    draw = gaussian_noise if release.mechanism == "gaussian" else laplace_noise
+    noisy = draw(torch.from_numpy(beta), sensitivity=release.sensitivity, noise_multiplier=release.noise_multiplier,
+                 generator=generator)
     return noisy.numpy()
 
 
@@ -263,11 +271,16 @@ class BetaNoised(_Planned):
     synthetic rows are post-processing. The shared ζ biases them: E_ζ[w̄(x)] = w(x)·Π_j 1/(1 − b²x_j²), a
     factor ≥ 1 that depends on x (reported in ``info`` as ``bias_factor_mean``/``bias_factor_max``).
 
+    ``noise="gaussian"`` (not in the paper) draws ζ ~ N(0, s²I) on the L2 sensitivity Δ₂ instead: no √F factor,
+    and a Gaussian's RDP curve composes with the run's other (Gaussian) releases far better than a pure-DP
+    Laplace does, so the generator keeps more of the budget. Its bias factor is E[exp(ζᵀx)] = exp(s²‖x‖²/2).
+
     Args:
         epsilon: ε of this release alone (the run's ledger composes it with the rest).
         l2: the penalty μ (sum convention).
-        debias: multiply w̄ by Π_j (1 − b²x_j²) (not in the paper), which makes E_ζ[w̄(x)] = w(x); needs
-            b|x_j| < 1 for every coordinate, which b < 1 guarantees for rows in the unit ball.
+        debias: divide w̄ by the bias factor (not in the paper), which makes E_ζ[w̄(x)] = w(x); with Laplace noise
+            it needs b|x_j| < 1 for every coordinate, which b < 1 guarantees for rows in the unit ball.
+        noise: ``laplace`` (Ji & Elkan, the paper) or ``gaussian``.
 
     Raises:
         ConfigError: missing ε, μ ≤ 0, or (in ``check``/``plan``) ``debias`` with b ≥ 1.
@@ -275,20 +288,25 @@ class BetaNoised(_Planned):
 
     name: ClassVar[str] = "beta_noised"
 
-    def __init__(self, *, epsilon: float | None = None, l2: float = DEFAULT_L2, debias: bool = False) -> None:
+    def __init__(self, *, epsilon: float | None = None, l2: float = DEFAULT_L2, debias: bool = False,
+                 noise: str = "laplace") -> None:
         super().__init__()
         self.l2 = check_l2(l2)
         self.epsilon = require_epsilon(self.name, epsilon)
         self.debias = bool(debias)
+        if noise not in ("laplace", "gaussian"):
+            raise ConfigError(f"weights.params.noise must be laplace (the paper) or gaussian, got {noise!r}.")
+        self.noise = noise
 
     def _release(self, inputs: PlanInputs) -> Release:
         return coefficient_release(f"weights/{self.name}", num_features=inputs.num_features, l2=self.l2,
-                                   adjacency=inputs.adjacency, epsilon=self.epsilon, delta=inputs.delta)
+                                   adjacency=inputs.adjacency, epsilon=self.epsilon, delta=inputs.delta,
+                                   noise=self.noise)
 
     def check(self, inputs: PlanInputs) -> None:
-        """Refuse ``debias`` when b ≥ 1 (the bias factor may not exist)."""
+        """Refuse ``debias`` with Laplace noise when b ≥ 1 (the bias factor may not exist)."""
         check_plan_inputs(inputs)
-        if self.debias:
+        if self.debias and self.noise == "laplace":
             rel = self._release(inputs)
             b = rel.noise_multiplier * rel.sensitivity
             if b >= 1:
@@ -309,13 +327,15 @@ class BetaNoised(_Planned):
         self.beta = perturbed_logistic(real, synthetic, l2=self.l2, release=release, generator=generator)
         self.b = release.noise_multiplier * release.sensitivity
         self.prior = prior_log_ratio(inputs.num_real, len(synthetic))
-        factor = ji_elkan_factor(_numpy(synthetic), self.b)
+        factor = np.exp(self._log_factor(_numpy(synthetic)))
         if self.debias and not np.all(np.isfinite(factor)):
             raise ConfigError(f"weights=beta_noised with debias=true: some synthetic row has b|x_j| ≥ 1 (b={self.b:.3g}),"
                               " so the bias factor does not exist; raise weights.epsilon or l2, or set debias=false.")
         return WeightFit(log_w=self.log_weights(synthetic), releases=list(releases), info={
             "estimator": self.name, "epsilon": self.epsilon, "l2": self.l2, "delta2": coefficient_sensitivity(
-                self.l2, adjacency=inputs.adjacency), "laplace_scale": self.b, "debias": self.debias, "prior": self.prior,
+                self.l2, adjacency=inputs.adjacency), "noise": self.noise,
+            ("laplace_scale" if self.noise == "laplace" else "gaussian_std"): self.b, "debias": self.debias,
+            "prior": self.prior,
             "beta": self.beta.tolist(), "bias_factor_mean": float(factor.mean()),
             "bias_factor_max": float(factor.max())})
 
@@ -324,8 +344,14 @@ class BetaNoised(_Planned):
         rows = _numpy(x)
         out = rows @ self.beta + self.prior
         if self.debias:
-            out = out - ji_elkan_log_factor(rows, self.b)
+            out = out - self._log_factor(rows)
         return out
+
+    def _log_factor(self, rows: np.ndarray) -> np.ndarray:
+        """log E_ζ[exp(ζᵀx)] per row: Σ_j −log(1 − b²x_j²) (Laplace) or s²‖x‖²/2 (Gaussian); (N,)."""
+        if self.noise == "gaussian":
+            return 0.5 * self.b**2 * np.square(rows).sum(axis=1)
+        return ji_elkan_log_factor(rows, self.b)
 
 
 class _OutputPerturbation(_Planned):

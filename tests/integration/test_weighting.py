@@ -94,3 +94,16 @@ def test_output_perturbation_refuses_too_many_rows_with_the_largest_number(tmp_p
     assert code == 2
     assert "output" in capsys.readouterr().err.lower()
     assert not (tmp_path / "x.csv").exists()
+
+
+def test_non_private_weights_from_a_checkpoint_are_labelled_private_and_leave_the_run_dp(tmp_path, capsys):
+    run = tmp_path / "run"
+    result = train(make_cfg(run, *GAN, "privacy.epsilon=4", "model.mechanisms.0.noise_multiplier=3.0"))
+    out = tmp_path / "ref.csv"
+    refused = sample_main([result["checkpoint"], "--num-rows", "100", "--out", str(out), "--weights", "logreg"])
+    assert refused == 2 and not out.exists()
+    code = sample_main([result["checkpoint"], "--num-rows", "100", "--out", str(out), "--weights", "logreg",
+                        "--allow-non-private-weights"])
+    assert code == 0 and "PRIVATE" in capsys.readouterr().out
+    assert "PRIVATE" in json.loads((tmp_path / "ref.csv.weights.json").read_text())
+    assert ledger_of(run)["dp_claim"] is True

@@ -277,6 +277,34 @@ def test_beta_noised_draws_exactly_the_recorded_noise():
         BetaNoised(epsilon=2.0).fit(real, syn, releases=[release], generator=gen(5))
 
 
+def test_gaussian_coefficient_noise_uses_the_l2_sensitivity_and_its_own_bias_factor():
+    from lightning_dp.privacy.ledger import PrivacyLedger
+
+    real, syn = rows(200, 3, 31, shift=0.4), rows(300, 3, 32)
+    plan = inputs(205.0, 300, 4)
+    est = BetaNoised(epsilon=2.0, noise="gaussian")
+    (release,) = est.plan(plan)
+    assert release.mechanism == "gaussian" and release.sensitivity == pytest.approx(1 / 50.0)  # no √F
+    assert PrivacyLedger(target_epsilon=100, delta=1e-5).epsilon([release]) == pytest.approx(2.0, rel=1e-3)
+    fit = est.fit(real, syn, releases=[release], generator=gen(7))
+    beta = fit_logistic(real.numpy(), syn.numpy(), l2=50.0)
+    noise = gaussian_noise(torch.zeros(4, dtype=torch.float64), sensitivity=release.sensitivity,
+                           noise_multiplier=release.noise_multiplier, generator=gen(7)).numpy()
+    assert np.allclose(fit.info["beta"], beta + noise, atol=1e-12)
+    s = release.noise_multiplier * release.sensitivity
+    x = syn.numpy()
+    # E[exp(ζᵀx)] = exp(s²‖x‖²/2) for ζ ~ N(0, s²I), by Monte Carlo on the project's Gaussian draws
+    zeta = gaussian_noise(torch.zeros(N_MC, 4, dtype=torch.float64), sensitivity=1.0, noise_multiplier=s,
+                          generator=gen(8)).numpy()
+    mc = np.exp(zeta @ x[0]).mean()
+    assert mc == pytest.approx(math.exp(0.5 * s**2 * float(x[0] @ x[0])), rel=5 * np.exp(zeta @ x[0]).std() / math.sqrt(N_MC))
+    debiased = BetaNoised(epsilon=2.0, noise="gaussian", debias=True)
+    fit_d = debiased.fit(real, syn, releases=debiased.plan(plan), generator=gen(7))
+    assert np.allclose(fit_d.log_w, fit.log_w - 0.5 * s**2 * np.square(x).sum(1))
+    with pytest.raises(ConfigError, match="laplace"):
+        BetaNoised(epsilon=2.0, noise="cauchy")
+
+
 @pytest.mark.parametrize("cls", [OutputLaplace, OutputGaussian])
 def test_output_perturbation_draws_exactly_the_recorded_noise(cls):
     real, syn = rows(200, 3, 31, shift=0.4), rows(40, 3, 32)
