@@ -21,7 +21,10 @@ The algorithm (Papernot & Steinke, ICLR 2022, Theorem 2; ``selection.py``):
    the score is the exact accuracy on that PUBLIC file: it costs nothing, the candidates get all of ρ, and the
    run's log and ``tuning.json`` say so.
 4. The best noisy score wins. ONE release, ``tuning/selection`` (mechanism ``rdp_curve``), records the Theorem 2
-   curve on the run's ledger, whose total therefore never exceeds the target. The winner's checkpoint becomes
+   curve on the run's ledger, whose total therefore never exceeds the target. It is recorded (and ``ledger.json``
+   written) after the plan and before the first candidate reads a row: the curve is fixed by the plan, so a kill
+   at any moment leaves the whole cost on the run's ledger, and the folder then refuses a second tuning run. The
+   winner's checkpoint becomes
    ``checkpoints/last.ckpt`` (its embedded ledger replaced by the run's, so the checkpoint tells the whole story)
    and its samples ``synthetic.csv``.
 
@@ -73,6 +76,9 @@ TUNE_KEYS = ("eta", "gamma", "validation", "score_budget_fraction", "keep_candid
 OVERRIDE_PREFIXES = ("model.", "trainer.")
 SELECTION_NAME = "tuning/selection"
 MAX_EXPECTED_K = 100  # a compute guard: each candidate is a full training run
+# below this per-candidate ε the selection's release would be recorded (it is, before the first candidate) for
+# candidates whose own mechanisms cannot calibrate (e.g. DP-MERF at ε_c = 0.005) or learn nothing: refused at the plan
+MIN_CANDIDATE_EPSILON = 0.02
 # models whose every release is a Gaussian calibrated to the candidate's ε_c, so each candidate's RDP curve is at
 # most the plan's ρλ by construction, for every point of the grid (Theorem 2 needs one bound for all of them)
 TUNABLE = ("dp_merf", "pearl")
@@ -240,6 +246,12 @@ def plan(tc: TuneConfig, ledger: PrivacyLedger, *, rtol: float = 1e-6) -> Plan:
     f = tc.score_fraction
     train_eps = mech.rdp_to_epsilon(orders, (1 - f) * rho * orders, ledger.delta)
     sigma = None if f == 0 else 1 / math.sqrt(2 * f * rho)
+    if train_eps < MIN_CANDIDATE_EPSILON:
+        raise BudgetExceededError(
+            f"The tuning plan cannot fit useful candidates: with E[K] = {tnb_mean(tc.eta, tc.gamma):.3g} (tune.eta="
+            f"{tc.eta:g}, tune.gamma={tc.gamma:g}) each would train at ε_c = {train_eps:.2g} of privacy.epsilon="
+            f"{ledger.target_epsilon:g}, below {MIN_CANDIDATE_EPSILON:g}. Nothing was released. Raise privacy.epsilon, "
+            "or ask for fewer candidates (a larger tune.gamma or a smaller tune.eta).")
     return Plan(orders=tuple(ledger.orders), rho=rho, train_epsilon=train_eps, score_sigma=sigma)
 
 
@@ -378,7 +390,21 @@ def tune(cfg: DictConfig, *, overrides: Sequence[str] | None = None) -> dict[str
     score_gen = mech.noise_generator(None if noise_seed is None else int(noise_seed) + 10_000)
     points = tc.points
     num = sample_tnb(tc.eta, tc.gamma, rng)  # secret: the guarantee rests on K's randomness
-    rows, best, envelope = [], None, p.envelope()
+    envelope = p.envelope()
+    note = (f"Papernot & Steinke 2022, Thm 2: best of K ~ TNB(η={tc.eta:g}, γ={tc.gamma:g}), E[K] = "
+            f"{tnb_mean(tc.eta, tc.gamma):.4g}; candidates at ε_c = {p.train_epsilon:.4g}, ρ = {p.rho:.4g}; "
+            + ("score on a PUBLIC validation set (no charge)" if tc.validation
+               else f"private score: Gaussian count, σ = {p.score_sigma:.4g}"))
+
+    def persist(led: PrivacyLedger) -> None:  # config, versions and ledger; train.log opens only at the end
+        write_run_files(out, config_yaml=OmegaConf.to_yaml(cfg, resolve=True))
+        led.save_json(out / "ledger.json")
+
+    ledger.persist = persist
+    # the one release of the whole selection, on disk before any candidate reads a row: its curve is fixed by the plan
+    # (a candidate above it stops the run), so a kill at any moment leaves the whole cost on the run's ledger
+    ledger.record(selection_release(p.orders, envelope, tc, note))
+    rows, best = [], None
     try:
         for k in range(num):
             point = points[int(rng.integers(len(points)))]
@@ -395,20 +421,9 @@ def tune(cfg: DictConfig, *, overrides: Sequence[str] | None = None) -> dict[str
                 best = (rows[-1], result)
         assert best is not None  # K >= 1
         chosen, result = best
-        # the one release of the whole selection; refused (nothing published) if the realised curves do not fit
-        note = (f"Papernot & Steinke 2022, Thm 2: best of K ~ TNB(η={tc.eta:g}, γ={tc.gamma:g}), E[K] = "
-                f"{tnb_mean(tc.eta, tc.gamma):.4g}; candidates at ε_c = {p.train_epsilon:.4g}, ρ = {p.rho:.4g}; "
-                + ("score on a PUBLIC validation set (no charge)" if tc.validation
-                   else f"private score: Gaussian count, σ = {p.score_sigma:.4g}"))
         run_log = RunLog()
         try:
-            def persist(led: PrivacyLedger) -> None:
-                write_run_files(out, config_yaml=OmegaConf.to_yaml(cfg, resolve=True))
-                run_log.open(out / "train.log")
-                led.save_json(out / "ledger.json")
-
-            ledger.persist = persist
-            ledger.record(selection_release(p.orders, envelope, tc, note))
+            run_log.open(out / "train.log")  # from here on: only what the selection covers
             published = _publish(cfg, tc, p, ledger, chosen, result, rows, out, load_checkpoint, AtomicCheckpointIO)
         finally:
             run_log.close()

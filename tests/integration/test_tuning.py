@@ -61,13 +61,33 @@ def test_a_model_with_dp_sgd_is_refused_before_anything_is_written(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
-def test_a_plan_that_cannot_fit_is_refused_before_anything_is_written(tmp_path):
-    # γ = 0.02, η = 1: E[K] = 50; the selection's fixed terms alone (log(1/γ), log E[K]) exceed ε = 0.02
-    cfg = make_cfg(tmp_path / "run", "tune=default", "tune.gamma=0.02", "privacy.epsilon=0.02",
+@pytest.mark.parametrize("epsilon", [0.01, 0.02])
+def test_a_plan_that_cannot_fit_is_refused_before_anything_is_written(tmp_path, epsilon):
+    # γ = 0.02, η = 1: E[K] = 50. At ε = 0.01 the selection's fixed terms alone (log(1/γ), log E[K]) exceed it; at
+    # ε = 0.02 they fit, but each candidate would get ε_c ≈ 0.005, below MIN_CANDIDATE_EPSILON
+    cfg = make_cfg(tmp_path / "run", "tune=default", "tune.gamma=0.02", f"privacy.epsilon={epsilon}",
                    f"tune.space={_space(tmp_path)}")
     with pytest.raises(BudgetExceededError, match="cannot fit"):
         train(cfg)
     assert not (tmp_path / "run").exists() or not any((tmp_path / "run").iterdir())
+
+
+def test_the_selection_is_on_the_ledger_before_the_first_candidate_trains(tmp_path, monkeypatch):
+    import lightning_dp.train as train_module
+
+    seen = []
+
+    def first_candidate(cfg, **kwargs):  # stands in for a candidate's train(): stop the run there, as a kill would
+        seen.append(json.loads((tmp_path / "run" / "ledger.json").read_text()))
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(train_module, "train", first_candidate)
+    with pytest.raises(KeyboardInterrupt):
+        from lightning_dp.tuning.tune import tune
+
+        tune(_cfg(tmp_path, "privacy.epsilon=8"))
+    assert [r["name"] for r in seen[0]["releases"]] == [SELECTION_NAME]
+    assert seen[0]["epsilon"] == pytest.approx(8.0, rel=1e-3)
 
 
 def test_too_many_candidates_are_refused(tmp_path):
