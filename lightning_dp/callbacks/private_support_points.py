@@ -79,7 +79,8 @@ class PrivateSupportPoints(Callback):
     so nothing has left the process and the run simply repeats the release when resumed.
 
     The diagnostics (R̂, between/within-chain variance of the energy traces, acceptance rates, step sizes) are
-    written to ``support_points_mcmc.json`` in the run's folder and kept in the checkpoint. They are functions of
+    written to ``support_points_mcmc.json`` in the run's folder, and nowhere else (not in the checkpoint, the log
+    or error messages, which say only whether the chains mixed: the release's own outcome). They are functions of
     the chains, so of the rows, and are not covered by the exponential mechanism's proof (any diagnostic of an
     MCMC run is, like the finite-run caveat): the file says so in its ``privacy`` entry, and should be handled
     like the audit report. The energy traces and every chain's states other than the released draw never
@@ -153,13 +154,6 @@ class PrivateSupportPoints(Callback):
             raise ConfigError(f"{where}: bandwidth_grid: {err}") from None
         return settings
 
-    # ---------------------------------------------------------------- state (kept in every checkpoint)
-    def state_dict(self) -> dict[str, Any]:
-        return {"diagnostics": self.diagnostics}
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.diagnostics = state_dict.get("diagnostics")
-
     # ---------------------------------------------------------------- hooks
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if trainer.world_size > 1:
@@ -195,8 +189,9 @@ class PrivateSupportPoints(Callback):
         if not mixed:
             d = self.diagnostics
             raise ChainsNotMixedError(
-                f"The MH chains did not mix (R̂ = {d['rhat']:.3g} > max_rhat = {self.max_rhat:g}): nothing was "
-                f"released, and the ε = {d['epsilon']:.4g} of the attempt is spent (see {DIAGNOSTICS_FILE}). Start a "
+                f"The MH chains did not mix (R̂ above max_rhat = {self.max_rhat:g}): nothing was released, and the "
+                f"ε = {d['epsilon']:.4g} of the attempt is spent (R̂ and the other diagnostics, private, are in "
+                f"{DIAGNOSTICS_FILE}). Start a "
                 "new run with longer chains (e.g. model.mechanisms.0.burn_in, .draws) or a larger budget.")
 
     # ---------------------------------------------------------------- the releases
@@ -254,10 +249,10 @@ class PrivateSupportPoints(Callback):
                         self.ledger.record(bw_release)
                         self._release_bandwidth(module, bw_release, gen)
                     self.diagnostics["bandwidth"] = float(module.bandwidth)
-                    log.info("Released %d private support points: ε = %.4g, Δf = %.4g (%s), R̂ = %.3f, acceptance "
-                             "%.2f, KDE bandwidth %.4g (%s); %s", n, eps, sens, self.sensitivity, diag.rhat,
-                             sum(diag.acceptance) / len(diag.acceptance), float(module.bandwidth),
-                             "DP" if needs_bw else "public", self.ledger.summary())
+                    log.info("Released %d private support points: ε = %.4g, Δf = %.4g (%s), KDE bandwidth %.4g (%s); "
+                             "the chains' diagnostics (private) are in %s; %s", n, eps, sens, self.sensitivity,
+                             float(module.bandwidth), "DP" if needs_bw else "public", DIAGNOSTICS_FILE,
+                             self.ledger.summary())
                     if self.sensitivity == "support_set":
                         log.warning("The support points' DP guarantee is nominal: Δf assumes one row moves at most "
                                     "one support point (thesis §5.4.1). sensitivity=score_range is sound.")

@@ -62,7 +62,7 @@ from typing import Any
 
 import numpy as np
 import yaml
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from lightning_dp.errors import ConfigError, RunExistsError
 from lightning_dp.io import atomic_write, atomic_write_text
@@ -302,30 +302,19 @@ def _score(tc: TuneConfig, p: Plan, dm: Any, synthetic_csv: str, generator: Any)
 # ---------------------------------------------------------------------------------------------------- the loop
 def _candidate_cfg(cfg: DictConfig, point: dict[str, Any], p: Plan, out: Path, k: int) -> DictConfig:
     cand = copy.deepcopy(cfg)
-    with _open(cand):
+    with open_dict(cand):
         cand.tune = None
         cand.output_dir = str(out / "tuning" / f"candidate_{k}")
         cand.privacy.epsilon = p.train_epsilon
+        # RDP calibration keeps every Gaussian candidate under the plan's curve; PRV would calibrate to a smaller
+        # noise whose RDP curve can exceed it
+        cand.privacy.accountant = "rdp"
         cand.seed = int(cfg.seed) + k
         if cfg.privacy.get("noise_seed") is not None:
             cand.privacy.noise_seed = int(cfg.privacy.noise_seed) + 1 + k
         for key, value in point.items():
             OmegaConf.update(cand, key, value, merge=False)
     return cand
-
-
-class _open:
-    """Lift the struct flag of a composed config while candidates are derived from it."""
-
-    def __init__(self, cfg: DictConfig) -> None:
-        self.cfg = cfg
-
-    def __enter__(self) -> None:
-        self.flag = OmegaConf.is_struct(self.cfg)
-        OmegaConf.set_struct(self.cfg, False)
-
-    def __exit__(self, *exc: object) -> None:
-        OmegaConf.set_struct(self.cfg, self.flag)
 
 
 def _curve(ledger: PrivacyLedger, orders: tuple[float, ...]) -> np.ndarray:
