@@ -27,6 +27,7 @@ import json
 import math
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import time
@@ -47,7 +48,7 @@ CLASSIFIERS = ["logistic_regression", "svc", "random_forest", "mlp"]
 SHORT = {"logistic_regression": "LR", "svc": "SVM", "random_forest": "RF", "mlp": "MLP"}
 
 
-def _rp() -> Any:
+def reproduce_module() -> Any:
     """bench/reproduce.py's helpers (loaded as the module reproduce.py itself registered, or fresh)."""
     mod = sys.modules.get("bench_reproduce") or sys.modules.get("__main__")
     if mod is None or not hasattr(mod, "compose_cfg"):
@@ -76,11 +77,6 @@ def pcell(value: Any) -> str:
     return "–" if value is None else f"{value:g}"
 
 
-def markdown(header: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    return "\n".join([*lines, *("| " + " | ".join(r) + " |" for r in rows)])
-
-
 def head_lines(table: Any, *, command: str, seeds: list[int], seconds: float, code: str, extra: str = "") -> list[str]:
     import torch
 
@@ -93,7 +89,8 @@ def head_lines(table: Any, *, command: str, seeds: list[int], seconds: float, co
 
 # ------------------------------------------------------------------------------------------- training
 def train_runs(jobs: list[tuple[Path, list[str]]], *, workers: int, log: Callable[[str], None]) -> dict[Path, str]:
-    """``train.py`` with each job's overrides into its folder (skipped when ``synthetic.csv`` is there); errors by folder."""
+    """``train.py`` with each job's overrides into its folder; a finished folder is reused, an interrupted one
+    trained again. Writes each run's wall-clock to ``bench_seconds.txt``. Errors by folder."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
     errors: dict[Path, str] = {}
 
@@ -101,19 +98,22 @@ def train_runs(jobs: list[tuple[Path, list[str]]], *, workers: int, log: Callabl
         folder, overrides = job
         if (folder / "synthetic.csv").exists() and (folder / "ledger.json").exists():
             return
+        if folder.exists():  # an interrupted run: start again
+            shutil.rmtree(folder)
+        folder.parent.mkdir(parents=True, exist_ok=True)
         start = time.perf_counter()
         cmd = [sys.executable, str(ROOT / "train.py"), *overrides, f"output_dir={folder}",
                "trainer.enable_progress_bar=false"]
         proc = subprocess.run(cmd, cwd=folder.parent, env=env, capture_output=True, text=True)
+        seconds = time.perf_counter() - start
         if proc.returncode != 0 or not (folder / "synthetic.csv").exists():
-            errors[folder] = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["unknown error"]
-            errors[folder] = errors[folder][0][:300]
-            log(f"  FAILED {folder.name}: {errors[folder]}")
+            lines = (proc.stderr or proc.stdout).strip().splitlines()
+            errors[folder] = (lines[-1] if lines else "unknown error")[:300]
+            log(f"  FAILED {folder.parent.name}/{folder.name}: {errors[folder]}")
         else:
-            log(f"  trained {folder.name} in {time.perf_counter() - start:.0f} s")
+            (folder / "bench_seconds.txt").write_text(f"{seconds:.1f}\n")
+            log(f"  trained {folder.parent.name}/{folder.name} in {seconds:.0f} s")
 
-    for job in jobs:
-        job[0].parent.mkdir(parents=True, exist_ok=True)
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
         list(pool.map(one, jobs))
     return errors
@@ -266,7 +266,7 @@ BREAST_ROWS = ["none", "discriminator", "discriminator-p", "logreg", "logreg-p",
 
 def breast_section(table: Any, *, seeds: int, quick: bool, extra: list[str], out: Path, command: str, code: str,
                    log: Callable[[str], None]) -> str:
-    rp = _rp()
+    rp = reproduce_module()
     cfgb = table.bench
     start = time.perf_counter()
     seed_list = list(range(seeds))
@@ -360,7 +360,7 @@ def breast_section(table: Any, *, seeds: int, quick: bool, extra: list[str], out
                  "`weights=beta_noised weights.params.noise=gaussian` (not in the paper).")
     if errors:
         lines.append(f"Failed runs: {'; '.join(f'{k.name}: {v}' for k, v in errors.items())}.")
-    lines += ["", markdown(header, rows), "",
+    lines += ["", reproduce_module().markdown_table(header, rows), "",
               "Mean ± std over seeds. AUC from scores (`predict_proba`/`decision_function`), each classifier fitted "
               "with `sample_weight` = the weights (mean one) on the weighted synthetic rows and tested on the real test "
               "split. MMD²: weighted unbiased estimate, Gaussian kernel of bandwidth 1, on min-max [0, 1] features "
@@ -541,7 +541,7 @@ def gmm_section(table: Any, *, seeds: int, quick: bool, extra: list[str], out: P
               f"delta={delta:g})`, logistic penalty μ = {mu:g} (the paper's Λ = 0.1 times N_D, sum convention); "
               f"output perturbation weights the first N_S synthetic rows, N_S the largest admissible "
               f"(`max_rows`).", "",
-              markdown(header, rows), "",
+              reproduce_module().markdown_table(header, rows), "",
               "Mean ± std over seeds. W1 (OT): exact weighted Wasserstein-1 (`audits.weighted.weighted_w1`, "
               "2,000-row subsamples per side) against the 2,000 real test points; W1 paper-style: the cost matrix "
               "multiplied by the weights (`paper_weighted_w1`). MMD²: weighted, bandwidth 1, 2,000 synthetic rows. "
@@ -555,7 +555,7 @@ def gmm_section(table: Any, *, seeds: int, quick: bool, extra: list[str], out: P
 # ------------------------------------------------------------------------------------------- Adult
 def adult_section(table: Any, *, seeds: int, quick: bool, extra: list[str], out: Path, command: str, code: str,
                   log: Callable[[str], None]) -> str:
-    rp = _rp()
+    rp = reproduce_module()
     cfgb = table.bench
     start = time.perf_counter()
     seed_list = list(range(seeds))
@@ -625,7 +625,7 @@ def adult_section(table: Any, *, seeds: int, quick: bool, extra: list[str], out:
                  + ").")
     if errors:
         lines.append(f"Failed runs: {'; '.join(f'{k.name}: {v}' for k, v in errors.items())}.")
-    lines += ["", markdown(header, rows), "",
+    lines += ["", reproduce_module().markdown_table(header, rows), "",
               "Mean ± std over seeds. TSTR with the 4 classifiers of the paper (LR, SVM, RF, MLP; `sample_weight` = "
               "the weights), scored on the real UCI test file; per-classifier columns are AUC from scores. MMD² "
               "(bandwidth 1) and W1 on min-max [0, 1] one-hot features (label included), 2,000-row subsamples per "

@@ -21,14 +21,10 @@ torch thread each) into ``out``; a folder that already holds ``synthetic.csv`` a
 from __future__ import annotations
 
 import json
-import os
 import platform
-import shutil
-import subprocess
 import sys
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from datetime import date
 from pathlib import Path
 from typing import Any
@@ -41,53 +37,12 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from bench.bias_mitigation import reproduce_module, train_runs  # noqa: E402  (the shared run helpers)
+
 METRICS = ["roc_auc_hard", "roc_auc", "prc_hard", "prc"]
 
 
-def _rp() -> Any:
-    """bench/reproduce.py's helpers (the module reproduce.py itself registered, or a fresh load)."""
-    mod = sys.modules.get("bench_reproduce") or sys.modules.get("__main__")
-    if mod is None or not hasattr(mod, "compose_cfg"):
-        import importlib.util
-
-        spec = importlib.util.spec_from_file_location("bench_reproduce", ROOT / "bench" / "reproduce.py")
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules["bench_reproduce"] = mod
-        spec.loader.exec_module(mod)
-    return mod
-
-
 # ------------------------------------------------------------------------------------------- training
-def train_runs(jobs: list[tuple[Path, list[str]]], *, workers: int, log: Callable[[str], None]) -> dict[Path, str]:
-    """``train.py`` with each job's overrides into its folder; a finished folder is reused. Errors by folder."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
-    errors: dict[Path, str] = {}
-
-    def one(job: tuple[Path, list[str]]) -> None:
-        folder, overrides = job
-        if (folder / "synthetic.csv").exists() and (folder / "ledger.json").exists():
-            return
-        if folder.exists():  # an interrupted run: start again
-            shutil.rmtree(folder)
-        folder.parent.mkdir(parents=True, exist_ok=True)
-        start = time.perf_counter()
-        cmd = [sys.executable, str(ROOT / "train.py"), *overrides, f"output_dir={folder}",
-               "trainer.enable_progress_bar=false"]
-        proc = subprocess.run(cmd, cwd=folder.parent, env=env, capture_output=True, text=True)
-        seconds = time.perf_counter() - start
-        if proc.returncode != 0 or not (folder / "synthetic.csv").exists():
-            lines = (proc.stderr or proc.stdout).strip().splitlines()
-            errors[folder] = (lines[-1] if lines else "unknown error")[:300]
-            log(f"  FAILED {folder.parent.name}/{folder.name}: {errors[folder]}")
-        else:
-            (folder / "bench_seconds.txt").write_text(f"{seconds:.1f}\n")
-            log(f"  trained {folder.parent.name}/{folder.name} in {seconds:.0f} s")
-
-    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        list(pool.map(one, jobs))
-    return errors
-
-
 def run_record(folder: Path) -> dict[str, Any]:
     """ε spent (ledger.json), the public tuning summary (tuning.json, tuned runs only) and the training time."""
     ledger = json.loads((folder / "ledger.json").read_text())
@@ -116,11 +71,6 @@ def short(overrides: dict[str, Any]) -> str:
     return ", ".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in overrides.items())
 
 
-def markdown(header: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    return "\n".join([*lines, *("| " + " | ".join(r) + " |" for r in rows)])
-
-
 def verdict(tuned: list[float], hand: list[float]) -> str:
     """Mean difference tuned − hand and whether it exceeds twice the seed-to-seed standard error."""
     x, y = np.asarray(tuned, float), np.asarray(hand, float)
@@ -143,7 +93,7 @@ def section(table: Any, *, seeds: int, quick: bool, extra: list[str], out: Path,
 
     from audits.utility import PRESETS, tstr_over_seeds
 
-    rp = _rp()
+    rp = reproduce_module()
     spec = table.bench
     start = time.perf_counter()
     seed_list = list(range(seeds))
@@ -262,7 +212,7 @@ def render(table: Any, results: dict[str, dict[str, Any]], rows_spec: list[tuple
         grid = "; ".join(f"`{k}`: {v}" for k, v in g["space"].items())
         lines.append(f"{name}: `experiment={g['experiment']}" + "".join(f" {o}" for o in g.get("overrides", []))
                      + f"`; tuned grid ({int(np.prod([len(v) for v in g['space'].values()]))} points) {grid}.  ")
-    lines += ["", markdown(header, rows), ""]
+    lines += ["", reproduce_module().markdown_table(header, rows), ""]
     lines.append("Mean ± std over seeds of each seed's average over the classifiers. Hard = scored from `predict` "
                  "(the papers' protocol); score = `predict_proba` / `decision_function`. ε spent is the run's ledger "
                  "total (max over seeds); for a tuned run it is the one `tuning/selection` release (Theorem 2 "

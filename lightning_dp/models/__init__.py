@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from lightning_dp.errors import ConfigError
 from lightning_dp.registry import (
     NETWORKS,
     OPTIONAL_LAYOUT_KEYS,
@@ -44,8 +45,9 @@ def _taken(cls: type, layout: dict[str, Any]) -> dict[str, Any]:
 
 
 def check_data(model_cfg: Any, schema: Any) -> None:
-    """The model's own checks of the (public) schema, before any release: ``Module.check_schema(module_cfg,
-    schema)`` where the module class has one (``schema`` is None for images), and ``Mechanism.check_settings(node)``
+    """The model's own checks of the (public) schema, before any release: image data is refused for a module class
+    with ``tabular_only = True``; ``Module.check_schema(module_cfg, schema)`` where the class has one (``schema`` is
+    None for images), and ``Mechanism.check_settings(node)``
     for each mechanism class that has one (its settings, which are otherwise checked only when it is built, after
     the row count's release).
 
@@ -54,6 +56,10 @@ def check_data(model_cfg: Any, schema: Any) -> None:
     """
     cfg = check_model_config(model_cfg)
     module_cls = resolve(cfg["module"]["_target_"], expected="module", where="model.module")
+    if schema is None and getattr(module_cls, "tabular_only", False):
+        name = model_cfg.get("name") or module_cls.__name__
+        raise ConfigError(f"model={name} models tabular rows; pick a tabular data set (e.g. data=diabetes or "
+                          "data=adult).")
     check = getattr(module_cls, "check_schema", None)
     if check is not None:
         check(cfg["module"], schema)

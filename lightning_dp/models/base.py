@@ -24,6 +24,8 @@ class GeneratorModule(LightningModule):
     generator: torch.nn.Module
     # metric key -> why it is public or DP; nothing else can be logged (lightning_dp/privacy/metrics.py)
     public_metrics: ClassVar[dict[str, str]] = {}
+    # True: the model needs table rows; image data is refused before any release (``models.check_data``)
+    tabular_only: ClassVar[bool] = False
 
     def log(self, name: str, value: Any, *args: Any, **kwargs: Any) -> None:
         """``LightningModule.log`` for declared keys only, never weighted by a (private) batch size."""

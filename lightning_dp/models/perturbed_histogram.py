@@ -69,6 +69,7 @@ class PerturbedHistogram(GeneratorModule):
         max_cells: the largest grid accepted.
     """
 
+    tabular_only = True
     public_metrics: dict[str, str] = {}
 
     def __init__(
@@ -92,15 +93,11 @@ class PerturbedHistogram(GeneratorModule):
 
     @staticmethod
     def check_schema(module_cfg: Mapping[str, Any], schema: Any) -> None:
-        """Refuse images and settings out of range, before any release.
+        """Refuse settings out of range, before any release (images: ``tabular_only``).
 
         Raises:
-            ConfigError: the data or a setting the model cannot use, with the fix.
+            ConfigError: a setting the model cannot use, with the fix.
         """
-        if schema is None:
-            raise ConfigError(
-                "model=perturbed_histogram models tabular rows; pick a tabular data set (data=diabetes)."
-            )
         check_settings(**{k: module_cfg[k] for k in ("bins_per_dim", "max_cells") if k in module_cfg})
 
     # ---------------------------------------------------------------- layout

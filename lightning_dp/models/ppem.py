@@ -110,6 +110,7 @@ class PPEM(GeneratorModule):
 
     uses_private_batches = True
     needs_double_backward = True  # the gradient penalty: DP-SGD's mode=microbatch
+    tabular_only = True
     public_metrics = {
         "train/g_energy": "mean marginal energy of generated x′ (the released energy on generated rows)",
         "train/g_conditional_energy": "mean conditional energy of generated rows (post-processing)",
@@ -149,9 +150,8 @@ class PPEM(GeneratorModule):
 
     @staticmethod
     def check_schema(module_cfg: dict[str, Any], schema: Any) -> None:
-        """Refuse image data and sensitive columns PPEM cannot protect, before any release (:func:`check_sensitive`)."""
-        if schema is None:
-            raise ConfigError("PPEM models tabular rows (sensitive continuous columns); use a tabular data set.")
+        """Refuse sensitive columns PPEM cannot protect, before any release (:func:`check_sensitive`; images:
+        ``tabular_only``)."""
         check_sensitive(list(module_cfg.get("sensitive") or []), schema)
 
     # ------------------------------------------------------------------ the protocol of the KSD penalty and audits

@@ -66,6 +66,7 @@ class SupportPoints(GeneratorModule):
     """
 
     uses_private_batches = True
+    tabular_only = True
     public_metrics: dict[str, str] = {}
 
     def __init__(self, *, n_continuous: int, block_sizes: list[int] | tuple[int, ...] = (), num_classes: int = 1,
@@ -86,13 +87,11 @@ class SupportPoints(GeneratorModule):
 
     @staticmethod
     def check_schema(module_cfg: Mapping[str, Any], schema: Any) -> None:
-        """Refuse images and settings out of range, before any release.
+        """Refuse settings out of range, before any release (images: ``tabular_only``).
 
         Raises:
-            ConfigError: the data or a setting the model cannot use, with the fix.
+            ConfigError: a setting the model cannot use, with the fix.
         """
-        if schema is None:
-            raise ConfigError("model=support_points models tabular rows; pick a tabular data set (data=diabetes).")
         keys = ("num_points", "p", "bandwidth", "lr", "num_steps")
         check_settings(**{k: module_cfg[k] for k in keys if k in module_cfg})
 

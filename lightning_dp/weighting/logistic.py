@@ -44,6 +44,7 @@ from __future__ import annotations
 import logging
 import math
 import warnings
+from abc import abstractmethod
 from dataclasses import replace
 from typing import Any, ClassVar
 
@@ -418,8 +419,9 @@ class _OutputPerturbation(_Planned):
         self.check(inputs)
         return self._remember(inputs, [self._planned_release(inputs)])
 
+    @abstractmethod
     def _noise(self, n: int, release: Release, generator: torch.Generator) -> tuple[np.ndarray, dict[str, Any]]:
-        raise NotImplementedError
+        """(n,) noise ζ drawn with the recorded ``release``, and public facts about it for ``info``."""
 
     def fit(self, real: Tensor | None, synthetic: Tensor, *, releases: list[Release], generator: torch.Generator,
             model: Any = None) -> WeightFit:
