@@ -315,8 +315,8 @@ class PPEMCanary:
     Args:
         rows: D in model space, (n, d); ``labels`` (n,).
         canary: the planted row (d,) and its label.
-        layout: PPEM's layout (``n_continuous``, ``block_sizes``, ``num_classes``, ``continuous_names``) and
-            ``sensitive`` names.
+        layout: PPEM's layout (``n_continuous``, ``block_sizes``, ``num_classes``, ``continuous_names``), the
+            ``sensitive`` names and any other PPEM argument (``marginal_objective``, ``dequantise``, ...).
         epsilon, delta: the claim; σ is calibrated by the callback for ``steps`` steps.
         steps: private steps per trial.
         max_grad_norm, penalty_norm: C and C_P.

@@ -431,8 +431,11 @@ def _lmdp_ksd(c: dict[str, Any]) -> str:
     methods = sorted({t["interval_method"] for t in c["tests"].values()})
     refs = "; ".join(f"{t['test']}: {t['reference']}" for t in c["tests"].values())
     bounds = ", ".join(f"{col} [{fmt(lo)}, {fmt(hi)}]" for col, (lo, hi) in c["bounds"].items())
+    caveat = f'<p class="note"><b>Caveat:</b> {esc(c["caveat"])}.</p>' if c.get("caveat") else ""
+    dequantised = f" {esc(c['dequantisation'])}." if c.get("dequantisation") else ""
     return (
         f'<p class="note"><b>What passing means:</b> {esc(LMDP_KSD_MEANING)}</p>'
+        + caveat
         + table(
             [
                 "test",
@@ -449,7 +452,7 @@ def _lmdp_ksd(c: dict[str, Any]) -> str:
             numeric=(2, 3, 4, 5, 6, 7),
         )
         + f'<p class="note">Sensitive columns x′ of {esc(c["model"] or "the model")}: {esc(bounds)}. Score: '
-        f"{esc(c['score'])}. {esc(c['model_space'])}; {fmt(c['n_rows'])} rows. Intervals of p: "
+        f"{esc(c['score'])}. {esc(c['model_space'])}; {fmt(c['n_rows'])} rows.{dequantised} Intervals of p: "
         f"{esc('; '.join(methods))}. Tests: {esc(refs)}.</p>"
     )
 

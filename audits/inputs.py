@@ -66,11 +66,17 @@ class SensitiveScore:
         score: ``x -> −∇_x E_ξ(x)``, (n, d′) -> (n, d′), x in model space ((clip(v, lo, hi) − lo) / (hi − lo)
             per column, with the column's bounds); gradients are enabled inside, the output is detached.
         model: the model's name, for the report.
+        jitter: per column, the model-space σ of the Gaussian dequantisation the model was trained with (0: none);
+            the tests add the same noise to REAL's x′.
+        density: whether the energy was fitted as a density of x′; when it was not (PPEM's EBGAN energy), the
+            tests reject with or without the penalty and the report says the verdict is vacuous.
     """
 
     columns: list[str]
     score: Callable[[Tensor], Tensor]
     model: str = ""
+    jitter: list[float] = field(default_factory=list)
+    density: bool = True
 
 
 def sensitive_score_of(model: Any, name: str = "") -> SensitiveScore | None:
@@ -95,7 +101,9 @@ def sensitive_score_of(model: Any, name: str = "") -> SensitiveScore | None:
             out = method(z.detach())  # (n, d′)
         return out.detach().to(device="cpu", dtype=x.dtype)
 
-    return SensitiveScore([str(c) for c in columns], score, name)
+    jitter = [float(v) for v in getattr(model, "sensitive_jitter", None) or [0.0] * len(columns)]
+    density = bool(getattr(model, "sensitive_is_density", True))
+    return SensitiveScore([str(c) for c in columns], score, name, jitter, density)
 
 
 @dataclass

@@ -10,6 +10,11 @@ x′ still does).
 
 The tests (:func:`audits.lmdp.ksd_test`) run on REAL's x′ in the model's space: each column clipped to its public
 (or DP-released) bounds (lo, hi) and mapped to (v − lo) / (hi − lo) ∈ [0, 1], rows with a missing value dropped.
+When the model was trained on dequantised integer columns (Gaussian noise of σ model-space units, the checkpoint's
+``sensitive_jitter``), REAL's x′ gets the same noise (seeded): the protected marginal is the dequantised one, and
+a smooth density tested against integer atoms would be rejected whatever it is. When the energy was not fitted
+as a density (PPEM's EBGAN energy), the section says that its rejections are vacuous: such a test rejects with
+or without the penalty.
 
 Each test's p-value is decided against α on an interval (:mod:`audits.verdicts`):
 
@@ -52,6 +57,11 @@ KSD_TESTS = {
     ),
 }
 BOOTSTRAPPED = ("u", "v")
+VACUOUS = (
+    "the model's energy was not fitted as a density of x′ (PPEM's EBGAN margin loss, constant almost everywhere at "
+    "equilibrium): these tests reject with or without the α-LMDP penalty, so a rejection says little; train with "
+    "model.module.marginal_objective=likelihood for a meaningful test"
+)
 MODEL_SPACE = (
     "REAL's sensitive columns clipped to their public bounds (lo, hi) and mapped to (v − lo) / (hi − lo) ∈ [0, 1], "
     "the model's input space; rows with a missing value dropped"
@@ -144,6 +154,9 @@ def ksd_section(
     if unbounded:
         return f"the sensitive columns {unbounded} have no public bounds, so REAL cannot be mapped to model space"
     x = model_space(inputs.real, columns, inputs.bounds)
+    jitter = np.asarray(sensitive.jitter or [0.0] * len(columns), dtype=np.float64)
+    if jitter.any():
+        x = x + np.random.default_rng(seed).standard_normal(x.shape) * jitter  # the model's dequantisation
     if len(x) < 4:
         return f"{len(x)} REAL rows without a missing value in the sensitive columns; the KSD tests need at least 4"
     tests = {}
@@ -174,6 +187,12 @@ def ksd_section(
         "model": sensitive.model,
         "score": "the model's score of its x′ marginal, s(x′) = −∇E_ξ(x′)",
         "model_space": MODEL_SPACE,
+        "dequantisation": (
+            "REAL's integer columns got the Gaussian noise the model was trained with (model-space σ per column): "
+            + ", ".join(f"{c} {j:.4g}" for c, j in zip(columns, jitter) if j)
+        ) if jitter.any() else None,
+        "energy_is_density": sensitive.density,
+        **({} if sensitive.density else {"caveat": VACUOUS}),
         "n_rows": len(x),
         "alpha": alpha,
         "alpha_lmdp_holds": all(t["reject"] for t in tests.values()),

@@ -39,6 +39,10 @@ CONFIGS = {
     # DP-GAN plus private importance weights (beta_noised on half the budget): the weight column and weights.json too
     "weights": ["model=dp_gan", "data.batch_size=64", "model.module.batch_size=64", "trainer.max_epochs=2",
                 "weights=beta_noised", "weights.epsilon=0.5"],
+    # PPEM under DP-SGD: the KSD penalty (batch-coupled), the density's public log Z and the dequantised x′
+    "ppem": ["model=ppem", "privacy=dp_sgd", "model.sensitive=[mean radius,mean texture]", "model.module.hidden=[32,32]",
+             "model.module.latent_dim=16", "model.module.batch_size=32", "model.module.fourier=16",
+             "data.batch_size=64", "trainer.max_epochs=1"],
 }
 COMMON = ["trainer.enable_progress_bar=false", "trainer.enable_model_summary=false"]
 

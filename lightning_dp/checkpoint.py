@@ -156,7 +156,7 @@ def data_layout(data_state: dict[str, Any]) -> dict[str, Any]:
 
     enc = TabularEncoder(Schema.from_dict(data_state["schema"]))
     return {"n_continuous": enc.n_continuous, "block_sizes": enc.block_sizes, "num_classes": enc.num_classes,
-            "continuous_names": [c.name for c in enc.continuous]}
+            "continuous_names": [c.name for c in enc.continuous], "continuous_units": enc.continuous_units}
 
 
 @dataclass

@@ -205,7 +205,8 @@ class PrivateDataModule(LightningDataModule):
             return {"n_continuous": int(np.prod(self.image_shape)), "block_sizes": [],
                     "num_classes": len(self.classes)}
         return {"n_continuous": self.encoder.n_continuous, "block_sizes": self.encoder.block_sizes,
-                "num_classes": self.encoder.num_classes, "continuous_names": [c.name for c in self.encoder.continuous]}
+                "num_classes": self.encoder.num_classes, "continuous_names": [c.name for c in self.encoder.continuous],
+                "continuous_units": self.encoder.continuous_units}
 
     def decode(self, x: Tensor, y: Tensor) -> pd.DataFrame | dict[str, np.ndarray]:
         """Model-space samples → the user's columns (tabular) or ``{"images", "labels"}`` (images)."""

@@ -68,6 +68,11 @@ class TabularEncoder:
         return len(self.continuous)
 
     @property
+    def continuous_units(self) -> list[float]:
+        """Per continuous column, the model-space width of one unit for an integer column (1 / (hi − lo)), else 0."""
+        return [1.0 / (float(c.bounds[1]) - float(c.bounds[0])) if c.integer else 0.0 for c in self.continuous]
+
+    @property
     def block_sizes(self) -> list[int]:
         return [b.size for b in self.blocks]
 

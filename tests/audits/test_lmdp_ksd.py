@@ -307,3 +307,23 @@ def test_files_without_a_ledger_make_no_claim_either_way(tmp_path):
     report, page = _write(tmp_path, _inputs(checkpoint=False))
     assert report["privacy"]["run_dp_claim"] is None and report["guarantee"]["dp_claim"] is None
     assert NO_DP_BANNER not in page and report["checks"]["lmdp_ksd"]["status"] == "skipped"
+
+
+def test_dequantisation_and_the_vacuity_caveat_follow_the_model():
+    from dataclasses import replace
+
+    from audits.html import _lmdp_ksd
+
+    plain = _run("lmdp_ksd", _inputs(), statistics=["linear"]).result
+    assert not plain["dequantisation"] and plain["energy_is_density"] is True and "caveat" not in plain
+    inputs = _inputs()
+    inputs.sensitive = replace(inputs.sensitive, jitter=[0.05, 0.0], density=False)  # an EBGAN energy, x1 integer
+    out = _run("lmdp_ksd", inputs, statistics=["linear"]).result
+    assert "x1 0.05" in out["dequantisation"] and "x2" not in out["dequantisation"]
+    assert out["tests"]["ksd_linear"]["statistic"] != plain["tests"]["ksd_linear"]["statistic"]  # REAL's x′ jittered
+    again = _run("lmdp_ksd", inputs, statistics=["linear"]).result
+    assert again["tests"]["ksd_linear"]["statistic"] == out["tests"]["ksd_linear"]["statistic"]  # seeded
+    assert out["energy_is_density"] is False and "with or without the α-LMDP penalty" in out["caveat"]
+    page = _lmdp_ksd(out)
+    assert "Caveat" in page and "the Gaussian noise the model was trained with" in page
+    assert "Caveat" not in _lmdp_ksd(plain)

@@ -65,6 +65,8 @@ def test_with_dp_sgd_every_release_is_on_the_ledger(tmp_path, single_thread):
         (["model.sensitive=[]"], "needs the sensitive columns"),
         (["privacy=default"], "privacy=dp_sgd"),  # a DP run must cover the energies
         (["privacy=dp_sgd", "model.module.generator_condition=real"], "generator_condition=generated"),
+        (["model.sensitive=[mean radius,mean texture,mean perimeter,mean area]"], "at most 3"),
+        (["model.module.marginal_objective=mle"], "marginal_objective"),
     ],
 )
 def test_refusals_come_before_any_release(tmp_path, overrides, message):
@@ -73,10 +75,22 @@ def test_refusals_come_before_any_release(tmp_path, overrides, message):
     assert not (tmp_path / "ledger.json").exists() and not (tmp_path / ".prefit.json").exists()
 
 
-def test_the_paper_s_real_conditioning_runs_without_a_claim(tmp_path, single_thread):
-    train(make_cfg(tmp_path, *SMALL, "model.module.generator_condition=real", "trainer.max_epochs=1"))
+def test_the_paper_s_energy_and_real_conditioning_run_without_a_claim(tmp_path, single_thread):
+    result = train(make_cfg(tmp_path, *SMALL, "model.module.generator_condition=real", "trainer.max_epochs=1",
+                            "model.module.marginal_objective=ebgan", "model.module.fourier=0"))
     ledger = ledger_of(tmp_path)
     assert ledger["dp_claim"] is False and "conditional_generator" in ledger["no_dp_claim"][0]["name"]
+    model = load_run(result["checkpoint"]).model
+    assert not model.sensitive_is_density and model.energy.fourier_matrix is None
+    assert "train/log_partition" not in metric_keys(tmp_path)
+
+
+def test_the_density_objective_logs_its_public_partition_function(tmp_path, single_thread):
+    result = train(make_cfg(tmp_path, *SMALL, "trainer.max_epochs=1"))
+    assert {"train/log_partition", "train/g_mmd"} <= metric_keys(tmp_path)
+    model = load_run(result["checkpoint"]).model
+    assert model.sensitive_is_density and model.energy.fourier_matrix.shape == (2, 64)
+    assert model.sensitive_jitter == [0.0, 0.0]  # breast cancer's columns are not integers
 
 
 def test_a_waiver_is_never_withdrawn():
