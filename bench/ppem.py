@@ -1,9 +1,9 @@
-"""PPEM on real data: does the KSD penalty give α-LMDP on x′ while x* keeps its fidelity?
+"""PPEM on real data: does the KSD penalty give α-LMDP on x′ while x* keeps its fidelity? (``ppem_lmdp``)
 
 For each data set (``adult``: x′ = age, hours-per-week; ``cervical``: x′ = Age; the experiments
 ``ppem_adult``/``ppem_cervical``) it trains PPEM through ``train.py`` with the penalty (λ_α = 10) and without it
 (λ_α = 0, the same run otherwise), optionally with DP-SGD on top (``--dp``), then audits each checkpoint with
-``python -m audits CKPT --real D --holdout D``. It prints, per run:
+``python -m audits CKPT --real D --holdout D``. Per run:
 
 * the α-LMDP tests (the paper's Def. 2.2: α-LMDP holds when a level-α test REJECTS "real x′ ~ model"): p-values
   of the KSD U-statistic (multinomial bootstrap), V-statistic (wild bootstrap) and Ŝ_{l,n} (χ²₁) against the
@@ -18,9 +18,10 @@ For each data set (``adult``: x′ = age, hours-per-week; ``cervical``: x′ = A
 
     python bench/ppem.py [--data adult cervical] [--epochs-adult 10] [--epochs-cervical 100] [--dp]
                          [--seed 0] [--out DIR] [--audit-seeds 10] [--reuse] [--set KEY=VALUE ...]
+    python bench/reproduce.py --table ppem_lmdp [--quick] [--write docs/results.md]
 
-``--reuse`` keeps a run (and its audit) already in ``--out`` instead of training it again.
-
+The second renders the table of ``bench/paper_tables.yaml`` (seeds, epochs, the fidelity margin) with
+:func:`section`. ``--reuse`` keeps a run (and its audit) already in ``--out`` instead of training it again.
 Each run is a subprocess of the real entry points, so the figures are those a user gets.
 """
 
@@ -28,14 +29,22 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
+import math
+import platform
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from datetime import date
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 SENSITIVE = {"adult": ["age", "hours-per-week"], "cervical": ["Age"]}
+KSD_TESTS = {"ksd_u": "U", "ksd_v": "V", "ksd_linear": "Ŝ_{l,n}"}
 
 
 def run(cmd: list[str]) -> float:
@@ -53,8 +62,9 @@ def summarise(report: dict, sensitive: list[str]) -> dict:
     ksd = checks["lmdp_ksd"]["tests"]
     columns = checks["fidelity"]["columns"]
     rest = {name: c for name, c in columns.items() if name not in sensitive}
-    ks = [c["ks"] for c in rest.values() if c["type"] == "numeric"]
-    tv = [c["tv"] for c in rest.values() if c["type"] != "numeric" and "tv" in c]
+    # a column generated all-missing has no KS/TV (None): left out of the means
+    ks = [c["ks"] for c in rest.values() if c["type"] == "numeric" and c.get("ks") is not None]
+    tv = [c["tv"] for c in rest.values() if c["type"] != "numeric" and c.get("tv") is not None]
     return {
         "p_ksd_u": ksd["ksd_u"]["p_value"], "p_ksd_v": ksd["ksd_v"]["p_value"],
         "p_ksd_linear": ksd["ksd_linear"]["p_value"], "p_mmd": checks["lmdp_mmd"]["p_value"],
@@ -64,20 +74,152 @@ def summarise(report: dict, sensitive: list[str]) -> dict:
     }
 
 
-def ksd_over_seeds(checkpoint: Path, data: str, seeds: int) -> dict[str, str]:
-    """Each KSD test of the audit under ``seeds`` audit seeds: ``{test: "rejections/seeds (median p)"}``."""
-    import statistics
-
+def ksd_over_seeds(checkpoint: Path, data: str, seeds: int) -> dict[str, tuple[int, int, float]]:
+    """Each KSD test of the audit under ``seeds`` audit seeds: ``{test: (rejections, seeds, median p)}``."""
     from audits.inputs import load_inputs
     from audits.lmdp_checks import ksd_section
 
+    logging.getLogger("audits.lmdp").setLevel(logging.ERROR)  # the subsample warning, once per test and seed
     inputs = load_inputs(checkpoint, real=data, holdout=data, num_rows=100)  # x′ of REAL and the model's score
     runs = [ksd_section(inputs, statistics=["u", "v", "linear"], alpha=0.05, n_bootstrap=500, max_samples=1000,
                         seed=s)["tests"] for s in range(seeds)]
-    return {f"{name}_seeds": f"{sum(r[name]['reject'] for r in runs)}/{seeds} "
-                             f"({statistics.median(r[name]['p_value'] for r in runs):.3g})" for name in runs[0]}
+    return {name: (sum(bool(r[name]["reject"]) for r in runs), seeds,
+                   float(statistics.median(r[name]["p_value"] for r in runs))) for name in runs[0]}
 
 
+def train_and_audit(data: str, weight: float, *, seed: int, epochs: int, dp: bool, extra: list[str],
+                    folder: Path, audit_seeds: int, reuse: bool) -> dict[str, Any]:
+    """One run: ``train.py experiment=ppem_<data>`` at penalty weight ``weight``, its audit and the figures.
+
+    With ``reuse``, a folder whose audit is done is read instead of trained again (times from ``times.json``).
+    """
+    checkpoint = folder / "checkpoints" / "last.ckpt"
+    times = folder / "times.json"
+    if not (reuse and (folder / "audit" / "report.json").exists()):
+        cmd = [sys.executable, "train.py", f"experiment=ppem_{data}", f"model.mechanisms.0.weight={weight}",
+               f"trainer.max_epochs={epochs}", f"seed={seed}", f"output_dir={folder}",
+               "trainer.enable_progress_bar=false", *(["privacy=dp_sgd"] if dp else []), *extra]
+        train_s = run(cmd)
+        audit_s = run([sys.executable, "-m", "audits", str(checkpoint), "--real", data, "--holdout", data,
+                       "--out", str(folder / "audit"), "--seed", str(seed)])
+        times.write_text(json.dumps({"train_s": train_s, "audit_s": audit_s}))
+    report = json.loads((folder / "audit" / "report.json").read_text())
+    ledger = json.loads((folder / "ledger.json").read_text())
+    return {"data": data, "seed": seed, "λ_α": weight, **summarise(report, SENSITIVE[data]),
+            "ε": ledger["epsilon"], "dp_claim": ledger["dp_claim"],
+            **(json.loads(times.read_text()) if times.exists() else {"train_s": math.nan, "audit_s": math.nan}),
+            "over_seeds": ksd_over_seeds(checkpoint, data, audit_seeds) if audit_seeds else {}}
+
+
+# ------------------------------------------------------------------------------------------- the table
+def _p(value: float) -> str:
+    return f"{value:.2g}" if value >= 1e-3 else f"{value:.1e}"
+
+
+def _robust(cell: tuple[int, int, float]) -> str:
+    rejections, seeds, median = cell
+    return f"{rejections}/{seeds} ({_p(median)})"
+
+
+def rejects_all(row: dict[str, Any], alpha: float = 0.05) -> bool:
+    """Every KSD test of the audit rejects (α-LMDP holds by Def. 2.2), and in every audit seed if repeated."""
+    audit = all(row[f"p_{name}"] <= alpha for name in KSD_TESTS)
+    return audit and all(r == s for r, s, _ in row["over_seeds"].values())
+
+
+def rejects_none(row: dict[str, Any], alpha: float = 0.05) -> bool:
+    """No KSD test of the audit rejects: the model's x′ is statistically indistinguishable from real x′."""
+    return all(row[f"p_{name}"] > alpha for name in KSD_TESTS)
+
+
+def data_table(rows: list[dict[str, Any]], margin: dict[str, float] | None) -> tuple[str, list[str]]:
+    """The Markdown table of one data set's runs and its per-seed comparison lines (against ``margin`` if given:
+    ``{ks, tv, tstr}``)."""
+    header = ["seed", "λ_α", *(f"KSD {t} p" for t in KSD_TESTS.values()), "MMD p",
+              *(f"{t}: rejections over audit seeds (median p)" for t in KSD_TESTS.values()),
+              "x* mean KS ↓", "x* mean TV ↓", "TSTR ROC", "train min"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for r in rows:
+        cells = [str(r["seed"]), f"{r['λ_α']:g}", *(_p(r[f"p_{n}"]) for n in KSD_TESTS), _p(r["p_mmd"]),
+                 *(_robust(r["over_seeds"][n]) if r["over_seeds"] else "–" for n in KSD_TESTS),
+                 f"{r['x*_mean_ks']:.3f}", f"{r['x*_mean_tv']:.3f}", f"{r['tstr_roc']:.3f}",
+                 f"{r['train_s'] / 60:.1f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    comparisons = []
+    for seed in sorted({r["seed"] for r in rows}):
+        on, off = (next(r for r in rows if r["seed"] == seed and (r["λ_α"] > 0) == w) for w in (True, False))
+        dks, dtv = on["x*_mean_ks"] - off["x*_mean_ks"], on["x*_mean_tv"] - off["x*_mean_tv"]
+        dtstr = on["tstr_roc"] - off["tstr_roc"]
+        within = margin and dks <= margin["ks"] and dtv <= margin["tv"] and dtstr >= -margin["tstr"]
+        holds = ("α-LMDP holds (every KSD test rejects" + (", in the audit and under every audit seed)"
+                                                             if on["over_seeds"] else " in the audit)")
+                 if rejects_all(on) else "α-LMDP does NOT hold (some KSD test does not reject)")
+        comparisons.append(
+            f"seed {seed}: with the penalty {holds}; without it "
+            f"{'no KSD test rejects' if rejects_none(off) else 'some KSD test rejects'} in the audit; x* penalty − "
+            f"none: KS {dks:+.3f}, TV {dtv:+.3f}, TSTR ROC {dtstr:+.3f}"
+            + (f" ({'within' if within else 'OUTSIDE'} the margin)" if margin else ""))
+    return "\n".join(lines), comparisons
+
+
+def section(table: Any, *, seeds: int, quick: bool, extra: list[str], out: Path, command: str, code: str,
+            log: Callable[[str], None] = print) -> str:
+    """Train and audit ``ppem_lmdp`` (module docstring; settings in the table's ``bench`` entry)."""
+    spec = table.bench
+    begin = time.perf_counter()
+    out = Path(out).resolve()
+    weight, margin, audit_seeds = float(spec["weight"]), spec["margin"], 2 if quick else int(spec["audit_seeds"])
+    blocks, runs = [], []
+    for data, cfg in spec["data"].items():
+        n = 1 if quick else min(seeds, int(cfg.get("seeds", seeds)))
+        epochs = int(cfg["quick_epochs" if quick else "epochs"])
+        rows = []
+        for seed in range(n):
+            for w in (weight, 0.0):
+                folder = out / f"{data}-w{w:g}-e{epochs}-s{seed}"
+                row = train_and_audit(data, w, seed=seed, epochs=epochs, dp=False, extra=extra, folder=folder,
+                                      audit_seeds=audit_seeds, reuse=True)
+                log(f"  {data} seed {seed} λ_α = {w:g}: trained in {row['train_s']:.0f} s, audited in "
+                    f"{row['audit_s']:.0f} s")
+                rows.append(row)
+        text, comparisons = data_table(rows, margin)
+        first = json.loads((out / f"{data}-w{weight:g}-e{epochs}-s0" / "audit" / "report.json").read_text())
+        blocks += [f"### {data.capitalize()}: x′ = ({', '.join(SENSITIVE[data])})", "", text, "",
+                   *(f"- {c}" for c in comparisons), ""]
+        runs.append(f"{data.capitalize()}: `python train.py experiment=ppem_{data} model.mechanisms.0.weight=W "
+                    f"trainer.max_epochs={epochs} seed=S` (W = {weight:g}, 0) then `python -m audits "
+                    f"RUN/checkpoints/last.ckpt --real {data} --holdout {data} --out AUDIT --seed S`; "
+                    f"{first['inputs']['real']['rows']:,} training rows, {first['inputs']['holdout']['rows']:,} "
+                    f"held-out; seeds {', '.join(map(str, range(n)))}")
+    minutes = (time.perf_counter() - begin) / 60
+    lines = [
+        f"## {table.name}: {table.title}{' (quick)' if quick else ''}",
+        "",
+        f"`{command}`  ",
+        f"{date.today().isoformat()}; {minutes:.1f} min wall-clock for this call on {platform.machine()} CPU "
+        "(trainings as `train.py` subprocesses; runs already audited in `--out` are reused).  ",
+        f"Paper: {table.source}. No DP claim (`privacy=none` in the experiment configs: α-LMDP only).  ",
+        f"Code: {code}; `bench/ppem.py`.  ",
+        "Runs: " + "; ".join(runs) + ".  ",
+        f"Margin for x* (stated with the table, `bench/paper_tables.yaml`): with the penalty, mean KS at most "
+        f"{margin['ks']} and mean TV at most {margin['tv']} above the run without it, TSTR ROC at most "
+        f"{margin['tstr']} below.",
+        "",
+        *blocks,
+        "p-values: the audit's (seed = the run's seed); α = 0.05, α-LMDP holds when a test REJECTS (p ≤ α). "
+        "Rejections over audit seeds: the three KSD tests again under audit seeds 0–"
+        f"{audit_seeds - 1} (subsample, bootstrap, dequantisation noise, pairing), with the audit's code." if
+        audit_seeds else "p-values: the audit's; α = 0.05, α-LMDP holds when a test REJECTS (p ≤ α).",
+        "",
+        "Notes:",
+        "",
+        *(f"- {n}" for n in table.notes),
+        *(f"- Not reproduced: {m}" for m in table.missing),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+# ------------------------------------------------------------------------------------------- command line
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", nargs="+", default=["adult", "cervical"], choices=sorted(SENSITIVE))
@@ -95,32 +237,16 @@ def main() -> None:
     for data in args.data:
         epochs = args.epochs_adult if data == "adult" else args.epochs_cervical
         for weight in (10.0, 0.0):
-            tag = f"{data}-w{weight:g}{'-dp' if args.dp else ''}-s{args.seed}"
-            run_dir = out / tag
-            cmd = [sys.executable, "train.py", f"experiment=ppem_{data}", f"model.mechanisms.0.weight={weight}",
-                   f"trainer.max_epochs={epochs}", f"seed={args.seed}", f"output_dir={run_dir}",
-                   "trainer.enable_progress_bar=false", *(["privacy=dp_sgd"] if args.dp else []), *args.set]
-            checkpoint = run_dir / "checkpoints" / "last.ckpt"
-            reused = args.reuse and (run_dir / "audit" / "report.json").exists()
-            train_s = float("nan") if reused else run(cmd)
-            audit_s = float("nan") if reused else run(
-                [sys.executable, "-m", "audits", str(checkpoint), "--real", data, "--holdout", data,
-                 "--out", str(run_dir / "audit"), "--seed", str(args.seed)])
-            report = json.loads((run_dir / "audit" / "report.json").read_text())
-            ledger = json.loads((run_dir / "ledger.json").read_text())
-            row = {"data": data, "λ_α": weight, **summarise(report, SENSITIVE[data]), "ε": ledger["epsilon"],
-                   "dp_claim": ledger["dp_claim"], "train_s": train_s, "audit_s": audit_s,
-                   **(ksd_over_seeds(checkpoint, data, args.audit_seeds) if args.audit_seeds else {})}
+            folder = out / f"{data}-w{weight:g}{'-dp' if args.dp else ''}-s{args.seed}"
+            row = train_and_audit(data, weight, seed=args.seed, epochs=epochs, dp=args.dp, extra=args.set,
+                                  folder=folder, audit_seeds=args.audit_seeds, reuse=args.reuse)
             rows.append(row)
-            print(json.dumps(row), flush=True)
-    keys = list(rows[0])
-    print("\n| " + " | ".join(keys) + " |\n|" + "---|" * len(keys))
-    for r in rows:
-        print("| " + " | ".join(f"{v:.3g}" if isinstance(v, float) else str(v) for v in r.values()) + " |")
+            print(json.dumps({k: v for k, v in row.items() if k != "over_seeds"}
+                             | {f"{k}_seeds": _robust(v) for k, v in row["over_seeds"].items()}), flush=True)
     for data in args.data:
-        on, off = (next(r for r in rows if r["data"] == data and r["λ_α"] == w) for w in (10.0, 0.0))
-        print(f"{data}: penalty − no penalty: x* mean KS {on['x*_mean_ks'] - off['x*_mean_ks']:+.3f}, "
-              f"x* mean TV {on['x*_mean_tv'] - off['x*_mean_tv']:+.3f}, TSTR ROC {on['tstr_roc'] - off['tstr_roc']:+.3f}")
+        text, comparisons = data_table([r for r in rows if r["data"] == data], None)
+        print(f"\n{data}, ε = {max(r['ε'] for r in rows if r['data'] == data):.3g}\n{text}")
+        print("\n".join(comparisons))
     print(f"runs kept in {out}")
 
 
