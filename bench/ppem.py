@@ -108,7 +108,17 @@ def train_and_audit(data: str, weight: float, *, seed: int, epochs: int, dp: boo
     return {"data": data, "seed": seed, "λ_α": weight, **summarise(report, SENSITIVE[data]),
             "ε": ledger["epsilon"], "dp_claim": ledger["dp_claim"],
             **(json.loads(times.read_text()) if times.exists() else {"train_s": math.nan, "audit_s": math.nan}),
-            "over_seeds": ksd_over_seeds(checkpoint, data, audit_seeds) if audit_seeds else {}}
+            "over_seeds": cached_over_seeds(folder, data, audit_seeds)}
+
+
+def cached_over_seeds(folder: Path, data: str, seeds: int) -> dict[str, tuple[int, int, float]]:
+    """:func:`ksd_over_seeds` of the run in ``folder``, kept in ``ksd_over_<seeds>_seeds.json`` (it is seeded)."""
+    if not seeds:
+        return {}
+    cache = folder / f"ksd_over_{seeds}_seeds.json"
+    if not cache.exists():
+        cache.write_text(json.dumps(ksd_over_seeds(folder / "checkpoints" / "last.ckpt", data, seeds)))
+    return {name: tuple(value) for name, value in json.loads(cache.read_text()).items()}
 
 
 # ------------------------------------------------------------------------------------------- the table
@@ -159,7 +169,25 @@ def data_table(rows: list[dict[str, Any]], margin: dict[str, float] | None) -> t
             f"{'no KSD test rejects' if rejects_none(off) else 'some KSD test rejects'} in the audit; x* penalty − "
             f"none: KS {dks:+.3f}, TV {dtv:+.3f}, TSTR ROC {dtstr:+.3f}"
             + (f" ({'within' if within else 'OUTSIDE'} the margin)" if margin else ""))
+    if len(comparisons) > 1:
+        comparisons.append(mean_difference(rows, margin))
     return "\n".join(lines), comparisons
+
+
+def mean_difference(rows: list[dict[str, Any]], margin: dict[str, float] | None) -> str:
+    """Penalty − none on x*, averaged over the seeds' pairs, with the standard error of that mean."""
+    seeds = sorted({r["seed"] for r in rows})
+    pairs = [tuple(next(r for r in rows if r["seed"] == s and (r["λ_α"] > 0) == w) for w in (True, False))
+             for s in seeds]
+    parts, within = [], True
+    for key, label, sign in (("x*_mean_ks", "KS", 1), ("x*_mean_tv", "TV", 1), ("tstr_roc", "TSTR ROC", -1)):
+        diffs = [on[key] - off[key] for on, off in pairs]
+        mean, se = statistics.fmean(diffs), statistics.stdev(diffs) / math.sqrt(len(diffs))
+        parts.append(f"{label} {mean:+.3f} (± {se:.3f} s.e.)")
+        if margin:
+            within &= sign * mean <= margin[{"KS": "ks", "TV": "tv"}.get(label, "tstr")]
+    return (f"mean over seeds {', '.join(map(str, seeds))}: x* penalty − none: {', '.join(parts)}"
+            + (f" ({'within' if within else 'OUTSIDE'} the margin)" if margin else ""))
 
 
 def section(table: Any, *, seeds: int, quick: bool, extra: list[str], out: Path, command: str, code: str,

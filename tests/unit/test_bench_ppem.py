@@ -47,3 +47,12 @@ def test_summary_skips_columns_generated_all_missing():
     }}
     figures = bench.summarise(report, ["Age"])  # x′ = Age is not an x* column
     assert figures["x*_mean_ks"] == 0.2 and figures["x*_mean_tv"] == 0.1
+
+
+def test_mean_over_seeds_judges_the_average_pair():
+    rows = [dict(row(10, 0.0, roc=roc_on), seed=s) for s, roc_on in ((0, 0.60), (1, 0.80))]
+    rows += [dict(row(0, 0.5), seed=s) for s in (0, 1)]
+    _, lines = bench.data_table(rows, MARGIN)
+    assert "OUTSIDE" in lines[0] and "within" in lines[1]  # seed 0: TSTR −0.15; seed 1: +0.05
+    assert lines[2].startswith("mean over seeds 0, 1") and "TSTR ROC -0.050 (± 0.100 s.e.)" in lines[2]
+    assert lines[2].endswith("(within the margin)")
