@@ -197,7 +197,7 @@ def section(table: Any, *, seeds: int, quick: bool, extra: list[str], out: Path,
     begin = time.perf_counter()
     out = Path(out).resolve()
     weight, margin, audit_seeds = float(spec["weight"]), spec["margin"], 2 if quick else int(spec["audit_seeds"])
-    blocks, runs = [], []
+    blocks, runs, spent = [], [], 0.0
     for data, cfg in spec["data"].items():
         n = 1 if quick else min(seeds, int(cfg.get("seeds", seeds)))
         epochs = int(cfg["quick_epochs" if quick else "epochs"])
@@ -210,6 +210,7 @@ def section(table: Any, *, seeds: int, quick: bool, extra: list[str], out: Path,
                 log(f"  {data} seed {seed} λ_α = {w:g}: trained in {row['train_s']:.0f} s, audited in "
                     f"{row['audit_s']:.0f} s")
                 rows.append(row)
+                spent += row["train_s"] + row["audit_s"]
         text, comparisons = data_table(rows, margin)
         first = json.loads((out / f"{data}-w{weight:g}-e{epochs}-s0" / "audit" / "report.json").read_text())
         blocks += [f"### {data.capitalize()}: x′ = ({', '.join(SENSITIVE[data])})", "", text, "",
@@ -225,7 +226,8 @@ def section(table: Any, *, seeds: int, quick: bool, extra: list[str], out: Path,
         "",
         f"`{command}`  ",
         f"{date.today().isoformat()}; {minutes:.1f} min wall-clock for this call on {platform.machine()} CPU "
-        "(trainings as `train.py` subprocesses; runs already audited in `--out` are reused).  ",
+        f"(trainings as `train.py` subprocesses, one torch thread, up to 3 jobs on 2 shared cores; runs already "
+        f"audited in `--out` are reused); the trainings and audits took {spent / 60:.0f} min summed.  ",
         f"Paper: {table.source}. No DP claim (`privacy=none` in the experiment configs: α-LMDP only).  ",
         f"Code: {code}; `bench/ppem.py`.  ",
         "Runs: " + "; ".join(runs) + ".  ",
