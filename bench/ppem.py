@@ -99,6 +99,8 @@ def train_and_audit(data: str, weight: float, *, seed: int, epochs: int, dp: boo
         cmd = [sys.executable, "train.py", f"experiment=ppem_{data}", f"model.mechanisms.0.weight={weight}",
                f"trainer.max_epochs={epochs}", f"seed={seed}", f"output_dir={folder}",
                "trainer.enable_progress_bar=false", *(["privacy=dp_sgd"] if dp else []), *extra]
+        for stale in folder.glob("ksd_over_*_seeds.json"):  # of an earlier model in this folder
+            stale.unlink()
         train_s = run(cmd)
         audit_s = run([sys.executable, "-m", "audits", str(checkpoint), "--real", data, "--holdout", data,
                        "--out", str(folder / "audit"), "--seed", str(seed)])
@@ -138,7 +140,7 @@ def rejects_all(row: dict[str, Any], alpha: float = 0.05) -> bool:
 
 
 def rejects_none(row: dict[str, Any], alpha: float = 0.05) -> bool:
-    """No KSD test of the audit rejects: the model's x′ is statistically indistinguishable from real x′."""
+    """No KSD test of the audit rejects: none detects a difference between the model's x′ and real x′."""
     return all(row[f"p_{name}"] > alpha for name in KSD_TESTS)
 
 
