@@ -33,7 +33,6 @@ import logging
 import math
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -43,17 +42,16 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from bench.bias_mitigation import reproduce_module  # noqa: E402  (the shared bench helpers)
+from bench.mmd_gan_ae import AUDIT_EXIT_OK, _run  # noqa: E402
+
 SENSITIVE = {"adult": ["age", "hours-per-week"], "cervical": ["Age"]}
 KSD_TESTS = {"ksd_u": "U", "ksd_v": "V", "ksd_linear": "Ŝ_{l,n}"}
-
-
-def run(cmd: list[str]) -> float:
-    """Run ``cmd`` from the project root; its wall time in seconds (raises with its output on failure)."""
-    start = time.time()
-    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
-    if done.returncode not in (0, 1, 4):  # the audit exits 1/4 when its policy fails/is inconclusive
-        raise RuntimeError(f"{' '.join(cmd)} exited {done.returncode}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
-    return time.time() - start
+# x* fidelity: (row key, label, margin key, +1 if a larger value is worse / −1 if a smaller one is)
+FIDELITY = (("x*_mean_ks", "KS", "ks", 1), ("x*_mean_tv", "TV", "tv", 1), ("tstr_roc", "TSTR ROC", "tstr", -1))
 
 
 def summarise(report: dict, sensitive: list[str]) -> dict:
@@ -66,11 +64,13 @@ def summarise(report: dict, sensitive: list[str]) -> dict:
     ks = [c["ks"] for c in rest.values() if c["type"] == "numeric" and c.get("ks") is not None]
     tv = [c["tv"] for c in rest.values() if c["type"] != "numeric" and c.get("tv") is not None]
     return {
-        "p_ksd_u": ksd["ksd_u"]["p_value"], "p_ksd_v": ksd["ksd_v"]["p_value"],
-        "p_ksd_linear": ksd["ksd_linear"]["p_value"], "p_mmd": checks["lmdp_mmd"]["p_value"],
+        **{f"p_{name}": ksd[name]["p_value"] for name in KSD_TESTS},
+        **{f"reject_{name}": bool(ksd[name]["reject"]) for name in KSD_TESTS},  # the audit's decision
+        "p_mmd": checks["lmdp_mmd"]["p_value"],
         "x*_mean_ks": sum(ks) / len(ks) if ks else float("nan"),
         "x*_mean_tv": sum(tv) / len(tv) if tv else float("nan"),
         "tstr_roc": checks["utility"]["value"],
+        "n_real": report["inputs"]["real"]["rows"], "n_holdout": report["inputs"]["holdout"]["rows"],
     }
 
 
@@ -101,9 +101,9 @@ def train_and_audit(data: str, weight: float, *, seed: int, epochs: int, dp: boo
                "trainer.enable_progress_bar=false", *(["privacy=dp_sgd"] if dp else []), *extra]
         for stale in folder.glob("ksd_over_*_seeds.json"):  # of an earlier model in this folder
             stale.unlink()
-        train_s = run(cmd)
-        audit_s = run([sys.executable, "-m", "audits", str(checkpoint), "--real", data, "--holdout", data,
-                       "--out", str(folder / "audit"), "--seed", str(seed)])
+        train_s, _ = _run(cmd)
+        audit_s, _ = _run([sys.executable, "-m", "audits", str(checkpoint), "--real", data, "--holdout", data,
+                           "--out", str(folder / "audit"), "--seed", str(seed)], ok=AUDIT_EXIT_OK)
         times.write_text(json.dumps({"train_s": train_s, "audit_s": audit_s}))
     report = json.loads((folder / "audit" / "report.json").read_text())
     ledger = json.loads((folder / "ledger.json").read_text())
@@ -133,15 +133,29 @@ def _robust(cell: tuple[int, int, float]) -> str:
     return f"{rejections}/{seeds} ({_p(median)})"
 
 
-def rejects_all(row: dict[str, Any], alpha: float = 0.05) -> bool:
+def rejects_all(row: dict[str, Any]) -> bool:
     """Every KSD test of the audit rejects (α-LMDP holds by Def. 2.2), and in every audit seed if repeated."""
-    audit = all(row[f"p_{name}"] <= alpha for name in KSD_TESTS)
+    audit = all(row[f"reject_{name}"] for name in KSD_TESTS)
     return audit and all(r == s for r, s, _ in row["over_seeds"].values())
 
 
-def rejects_none(row: dict[str, Any], alpha: float = 0.05) -> bool:
+def rejects_none(row: dict[str, Any]) -> bool:
     """No KSD test of the audit rejects: none detects a difference between the model's x′ and real x′."""
-    return all(row[f"p_{name}"] > alpha for name in KSD_TESTS)
+    return not any(row[f"reject_{name}"] for name in KSD_TESTS)
+
+
+def seed_pairs(rows: list[dict[str, Any]]) -> list[tuple[int, dict[str, Any], dict[str, Any]]]:
+    """(seed, run with the penalty, run without it) for each seed of ``rows``."""
+    return [(s, *(next(r for r in rows if r["seed"] == s and (r["λ_α"] > 0) == w) for w in (True, False)))
+            for s in sorted({r["seed"] for r in rows})]
+
+
+def margin_verdict(differences: dict[str, float], margin: dict[str, float] | None) -> str:
+    """" (within the margin)" / " (OUTSIDE the margin)" for penalty − none ``differences`` by row key; "" without."""
+    if not margin:
+        return ""
+    within = all(sign * differences[key] <= margin[m] for key, _, m, sign in FIDELITY)
+    return f" ({'within' if within else 'OUTSIDE'} the margin)"
 
 
 def data_table(rows: list[dict[str, Any]], margin: dict[str, float] | None) -> tuple[str, list[str]]:
@@ -150,46 +164,34 @@ def data_table(rows: list[dict[str, Any]], margin: dict[str, float] | None) -> t
     header = ["seed", "λ_α", *(f"KSD {t} p" for t in KSD_TESTS.values()), "MMD p",
               *(f"{t}: rejections over audit seeds (median p)" for t in KSD_TESTS.values()),
               "x* mean KS ↓", "x* mean TV ↓", "TSTR ROC", "train min"]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for r in rows:
-        cells = [str(r["seed"]), f"{r['λ_α']:g}", *(_p(r[f"p_{n}"]) for n in KSD_TESTS), _p(r["p_mmd"]),
-                 *(_robust(r["over_seeds"][n]) if r["over_seeds"] else "–" for n in KSD_TESTS),
-                 f"{r['x*_mean_ks']:.3f}", f"{r['x*_mean_tv']:.3f}", f"{r['tstr_roc']:.3f}",
-                 f"{r['train_s'] / 60:.1f}"]
-        lines.append("| " + " | ".join(cells) + " |")
+    cells = [[str(r["seed"]), f"{r['λ_α']:g}", *(_p(r[f"p_{n}"]) for n in KSD_TESTS), _p(r["p_mmd"]),
+              *(_robust(r["over_seeds"][n]) if r["over_seeds"] else "–" for n in KSD_TESTS),
+              *(f"{r[key]:.3f}" for key, *_ in FIDELITY), f"{r['train_s'] / 60:.1f}"] for r in rows]
     comparisons = []
-    for seed in sorted({r["seed"] for r in rows}):
-        on, off = (next(r for r in rows if r["seed"] == seed and (r["λ_α"] > 0) == w) for w in (True, False))
-        dks, dtv = on["x*_mean_ks"] - off["x*_mean_ks"], on["x*_mean_tv"] - off["x*_mean_tv"]
-        dtstr = on["tstr_roc"] - off["tstr_roc"]
-        within = margin and dks <= margin["ks"] and dtv <= margin["tv"] and dtstr >= -margin["tstr"]
+    pairs = seed_pairs(rows)
+    for seed, on, off in pairs:
+        d = {key: on[key] - off[key] for key, *_ in FIDELITY}
         holds = ("α-LMDP holds (every KSD test rejects" + (", in the audit and under every audit seed)"
                                                              if on["over_seeds"] else " in the audit)")
                  if rejects_all(on) else "α-LMDP does NOT hold (some KSD test does not reject)")
         comparisons.append(
             f"seed {seed}: with the penalty {holds}; without it "
             f"{'no KSD test rejects' if rejects_none(off) else 'some KSD test rejects'} in the audit; x* penalty − "
-            f"none: KS {dks:+.3f}, TV {dtv:+.3f}, TSTR ROC {dtstr:+.3f}"
-            + (f" ({'within' if within else 'OUTSIDE'} the margin)" if margin else ""))
-    if len(comparisons) > 1:
-        comparisons.append(mean_difference(rows, margin))
-    return "\n".join(lines), comparisons
+            f"none: {', '.join(f'{label} {d[key]:+.3f}' for key, label, *_ in FIDELITY)}{margin_verdict(d, margin)}")
+    if len(pairs) > 1:
+        comparisons.append(mean_difference(pairs, margin))
+    return reproduce_module().markdown_table(header, cells), comparisons
 
 
-def mean_difference(rows: list[dict[str, Any]], margin: dict[str, float] | None) -> str:
-    """Penalty − none on x*, averaged over the seeds' pairs, with the standard error of that mean."""
-    seeds = sorted({r["seed"] for r in rows})
-    pairs = [tuple(next(r for r in rows if r["seed"] == s and (r["λ_α"] > 0) == w) for w in (True, False))
-             for s in seeds]
-    parts, within = [], True
-    for key, label, sign in (("x*_mean_ks", "KS", 1), ("x*_mean_tv", "TV", 1), ("tstr_roc", "TSTR ROC", -1)):
-        diffs = [on[key] - off[key] for on, off in pairs]
-        mean, se = statistics.fmean(diffs), statistics.stdev(diffs) / math.sqrt(len(diffs))
-        parts.append(f"{label} {mean:+.3f} (± {se:.3f} s.e.)")
-        if margin:
-            within &= sign * mean <= margin[{"KS": "ks", "TV": "tv"}.get(label, "tstr")]
-    return (f"mean over seeds {', '.join(map(str, seeds))}: x* penalty − none: {', '.join(parts)}"
-            + (f" ({'within' if within else 'OUTSIDE'} the margin)" if margin else ""))
+def mean_difference(pairs: list[tuple[int, dict[str, Any], dict[str, Any]]], margin: dict[str, float] | None) -> str:
+    """Penalty − none on x*, averaged over the seeds' pairs (:func:`seed_pairs`), with the standard error."""
+    means, parts = {}, []
+    for key, label, *_ in FIDELITY:
+        diffs = [on[key] - off[key] for _, on, off in pairs]
+        means[key], se = statistics.fmean(diffs), statistics.stdev(diffs) / math.sqrt(len(diffs))
+        parts.append(f"{label} {means[key]:+.3f} (± {se:.3f} s.e.)")
+    seeds = ", ".join(str(s) for s, *_ in pairs)
+    return f"mean over seeds {seeds}: x* penalty − none: {', '.join(parts)}{margin_verdict(means, margin)}"
 
 
 def section(table: Any, *, seeds: int, quick: bool, extra: list[str], out: Path, command: str, code: str,
@@ -214,13 +216,12 @@ def section(table: Any, *, seeds: int, quick: bool, extra: list[str], out: Path,
                 rows.append(row)
                 spent += row["train_s"] + row["audit_s"]
         text, comparisons = data_table(rows, margin)
-        first = json.loads((out / f"{data}-w{weight:g}-e{epochs}-s0" / "audit" / "report.json").read_text())
         blocks += [f"### {data.capitalize()}: x′ = ({', '.join(SENSITIVE[data])})", "", text, "",
                    *(f"- {c}" for c in comparisons), ""]
         runs.append(f"{data.capitalize()}: `python train.py experiment=ppem_{data} model.mechanisms.0.weight=W "
                     f"trainer.max_epochs={epochs} seed=S` (W = {weight:g}, 0) then `python -m audits "
                     f"RUN/checkpoints/last.ckpt --real {data} --holdout {data} --out AUDIT --seed S`; "
-                    f"{first['inputs']['real']['rows']:,} training rows, {first['inputs']['holdout']['rows']:,} "
+                    f"{rows[0]['n_real']:,} training rows, {rows[0]['n_holdout']:,} "
                     f"held-out; seeds {', '.join(map(str, range(n)))}")
     minutes = (time.perf_counter() - begin) / 60
     lines = [
@@ -228,8 +229,8 @@ def section(table: Any, *, seeds: int, quick: bool, extra: list[str], out: Path,
         "",
         f"`{command}`  ",
         f"{date.today().isoformat()}; {minutes:.1f} min wall-clock for this call on {platform.machine()} CPU "
-        f"(trainings as `train.py` subprocesses, one torch thread, up to 3 jobs on 2 shared cores; runs already "
-        f"audited in `--out` are reused); the trainings and audits took {spent / 60:.0f} min summed.  ",
+        f"(`train.py` and `python -m audits` subprocesses on one thread each; runs already audited in `--out` are "
+        f"reused); the trainings and audits took {spent / 60:.0f} min summed.  ",
         f"Paper: {table.source}. No DP claim (`privacy=none` in the experiment configs: α-LMDP only).  ",
         f"Code: {code}; `bench/ppem.py`.  ",
         "Runs: " + "; ".join(runs) + ".  ",

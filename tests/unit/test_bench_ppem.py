@@ -13,7 +13,8 @@ MARGIN = {"ks": 0.07, "tv": 0.08, "tstr": 0.08}
 
 
 def row(weight: float, p: float, *, rejections: int = 10, ks: float = 0.5, tv: float = 0.05, roc: float = 0.75):
-    return {"seed": 0, "λ_α": weight, "p_ksd_u": p, "p_ksd_v": p, "p_ksd_linear": p, "p_mmd": 0.005,
+    return {"seed": 0, "λ_α": weight, **{f"p_{name}": p for name in bench.KSD_TESTS},
+            **{f"reject_{name}": p <= 0.05 for name in bench.KSD_TESTS}, "p_mmd": 0.005,
             "x*_mean_ks": ks, "x*_mean_tv": tv, "tstr_roc": roc, "train_s": 60.0,
             "over_seeds": {name: (rejections, 10, p) for name in bench.KSD_TESTS}}
 
@@ -37,8 +38,8 @@ def test_fidelity_lost_beyond_the_margin_is_reported():
 
 
 def test_summary_skips_columns_generated_all_missing():
-    report = {"checks": {
-        "lmdp_ksd": {"tests": {name: {"p_value": 0.0} for name in bench.KSD_TESTS}},
+    report = {"inputs": {"real": {"rows": 686}, "holdout": {"rows": 172}}, "checks": {
+        "lmdp_ksd": {"tests": {name: {"p_value": 0.0, "reject": True} for name in bench.KSD_TESTS}},
         "lmdp_mmd": {"p_value": 0.5},
         "utility": {"value": 0.7},
         "fidelity": {"columns": {"Age": {"type": "numeric", "ks": 0.9}, "a": {"type": "numeric", "ks": 0.2},
