@@ -73,7 +73,14 @@ def neighbouring_files(folder: Path) -> tuple[Path, Path]:
             from lightning_dp.data.splits import holdout_mask
         except ImportError:  # older pipelines: a positional split, the row is appended at the end
             break
-        if not holdout_mask(read_table(p_path).tail(1), fraction=0.2, seed=0)[0]:
+        try:  # the split hashes canonical values (lightning_dp/data/canonical.py)
+            from lightning_dp.data.canonical import canonical_frame
+            from lightning_dp.data.schema import Schema
+
+            rows = canonical_frame(read_table(p_path), Schema.from_yaml(schema_path())).tail(1)
+        except ImportError:  # older pipelines hashed the cells as read
+            rows = read_table(p_path).tail(1)
+        if not holdout_mask(rows, fraction=0.2, seed=0)[0]:
             break
         planted.loc[0, d.columns[0]] = planted.loc[0, d.columns[0]] * (1 - 1e-6)
     return d_path, p_path

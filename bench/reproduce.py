@@ -54,6 +54,7 @@ from omegaconf import DictConfig, OmegaConf
 from threadpoolctl import threadpool_limits
 
 from audits.utility import PRESETS, tstr, tstr_over_seeds
+from lightning_dp.data.canonical import canonical_frame
 from lightning_dp.data.datamodule import PrivateDataModule, decode_samples
 from lightning_dp.data.sources import load_source
 from lightning_dp.data.splits import holdout_mask
@@ -211,7 +212,8 @@ def validation_overrides(cfg: DictConfig, folder: Path) -> list[str]:
     source = load_source(data.name, root=data.root)
     train = source.train
     if source.test is None:
-        held = holdout_mask(train, fraction=data.holdout_fraction, seed=data.split_seed)  # the data module's split
+        canonical = canonical_frame(train, source.schema)  # the data module's split, on canonical values
+        held = holdout_mask(canonical, fraction=data.holdout_fraction, seed=data.split_seed)
         train = train[~held]
     perm = np.random.default_rng(VALIDATION_SEED).permutation(len(train))
     n_val = int(round(VALIDATION_FRACTION * len(train)))

@@ -19,6 +19,7 @@ from pytorch_lightning import LightningDataModule
 from torch import Tensor
 from torch.utils.data import DataLoader, TensorDataset
 
+from lightning_dp.data.canonical import canonical_frame, canonical_images
 from lightning_dp.data.dp_count import RowCount, release_row_count
 from lightning_dp.data.dp_preprocessing import needs_release, release_schema
 from lightning_dp.data.encoders import TabularEncoder
@@ -108,8 +109,7 @@ class PrivateDataModule(LightningDataModule):
             raise DataError(f"The {source.name} schema leaves bounds or categories to a DP release: load it from the "
                             "run's checkpoint (its released schema), or declare them in the schema.")
         if isinstance(source, ImageSource):
-            image_rows = np.concatenate([source.images.reshape(len(source.images), -1),
-                                         source.labels.reshape(-1, 1).astype(source.images.dtype)], axis=1)  # (N, HW+1)
+            image_rows = canonical_images(source.images, source.labels)  # (N, HW + 1): what each image is
             train, holdout = self._split_images(image_rows)
         else:
             train, holdout = self._split_tabular(source)
@@ -123,7 +123,10 @@ class PrivateDataModule(LightningDataModule):
             with ledger.durable():
                 self.row_count = release_row_count(len(train), ledger, budget_fraction=count_budget_fraction,
                                                    generator=generator, public_num_rows=self.public_num_rows)
-        train = self._subsample(train, train if isinstance(train, pd.DataFrame) else image_rows[train])
+        if isinstance(train, pd.DataFrame):
+            train = self._subsample(train, canonical_frame(train, source.schema, validated=True))
+        else:
+            train = self._subsample(train, image_rows[train])
         if check_rows is not None:
             check_rows(self.row_count)
         if isinstance(source, ImageSource):
@@ -137,17 +140,18 @@ class PrivateDataModule(LightningDataModule):
         train = validate(source.train, source.schema, source=f"the {source.name} training data")
         if source.test is not None:
             return train, validate(source.test, source.schema, source=f"the {source.name} test data")
-        held = holdout_mask(source.train, fraction=self.holdout_fraction, seed=self.split_seed)  # raw rows as read
+        canonical = canonical_frame(train, source.schema, validated=True)  # not the cells as read (splits.py)
+        held = holdout_mask(canonical, fraction=self.holdout_fraction, seed=self.split_seed)
         return train[~held].reset_index(drop=True), train[held].reset_index(drop=True)
 
     def _split_images(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Indices of the training and held-out images; ``rows`` are pixels and label, (N, HW + 1)."""
+        """Indices of the training and held-out images; ``rows`` are canonical pixels and label, (N, HW + 1)."""
         held = holdout_mask(rows, fraction=self.holdout_fraction, seed=self.split_seed)
         return np.flatnonzero(~held), np.flatnonzero(held)
 
     def _subsample(self, train: pd.DataFrame | np.ndarray, rows: pd.DataFrame | np.ndarray) -> pd.DataFrame | np.ndarray:
-        """``max_rows``: a keyed-hash Bernoulli subsample of ``train`` (hashing ``rows``, its values) at the
-        rate ``max_rows / ñ``, a function of the DP count only."""
+        """``max_rows``: a keyed-hash Bernoulli subsample of ``train`` (hashing ``rows``, its canonical values) at
+        the rate ``max_rows / ñ``, a function of the DP count only."""
         if not self.max_rows:
             return train
         rate = min(1.0, self.max_rows / self.row_count.value)

@@ -35,11 +35,14 @@ def _runner(files, config: str):
 
 
 def test_the_planted_row_is_trained_on(files):
+    from lightning_dp.data.canonical import canonical_frame
+    from lightning_dp.data.schema import Schema
     from lightning_dp.data.sources import read_table
     from lightning_dp.data.splits import holdout_mask
 
     _, d_path, p_path = files
-    d, p = read_table(d_path), read_table(p_path)
+    schema = Schema.from_yaml(e2e.schema_path())
+    d, p = (canonical_frame(read_table(path), schema) for path in (d_path, p_path))
     assert len(p) == len(d) + 1
     assert not holdout_mask(p.tail(1), fraction=0.2, seed=0)[0]  # so D' trains on one row more than D
     # the keyed-hash split: adding the row moves no other row between training and holdout

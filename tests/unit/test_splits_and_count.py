@@ -6,16 +6,23 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from lightning_dp.data.canonical import canonical_frame, canonical_images
 from lightning_dp.data.dp_count import RELEASE_NAME, RowCount, release_row_count
-from lightning_dp.data.schema import DataError
+from lightning_dp.data.schema import Column, DataError, Schema
 from lightning_dp.data.splits import holdout_mask, row_uniforms, subsample_mask
 from lightning_dp.privacy.ledger import PrivacyLedger, Release
 from lightning_dp.privacy.mechanisms import noise_generator
 
+SCHEMA = Schema([Column("x", "continuous", missing=True), Column("c", "categorical", missing=True)])
 
-def _frame(n: int, seed: int = 0) -> pd.DataFrame:
+
+def _raw(n: int, seed: int = 0) -> pd.DataFrame:
     rng = np.random.default_rng(seed)
     return pd.DataFrame({"x": rng.normal(size=n).round(6).astype(str), "c": rng.choice(list("abc"), n)})
+
+
+def _frame(n: int, seed: int = 0) -> pd.DataFrame:
+    return canonical_frame(_raw(n, seed), SCHEMA)
 
 
 def test_adding_or_removing_a_row_moves_no_other_row():
@@ -40,11 +47,39 @@ def test_the_seed_is_a_key_and_purposes_are_independent():
 
 
 def test_images_are_hashed_by_their_pixels_not_their_position():
-    images = np.random.default_rng(0).random((300, 64)).astype(np.float32)
-    held = holdout_mask(images, fraction=0.3, seed=0)
-    assert np.array_equal(holdout_mask(images[::-1], fraction=0.3, seed=0), held[::-1])
+    images = np.random.default_rng(0).random((300, 8, 8)).astype(np.float32)
+    rows = canonical_images(images, np.arange(300) % 10)
+    held = holdout_mask(rows, fraction=0.3, seed=0)
+    assert np.array_equal(holdout_mask(rows[::-1], fraction=0.3, seed=0), held[::-1])
     with pytest.raises(ValueError, match="holdout_fraction"):
-        holdout_mask(images, fraction=1.0, seed=0)
+        holdout_mask(rows, fraction=1.0, seed=0)
+
+
+def test_an_image_row_does_not_depend_on_the_file_dtype():
+    pixels = np.random.default_rng(1).integers(0, 256, size=(50, 8, 8))
+    as_bytes = pixels.astype(np.uint8).astype(np.float32) / np.float32(255.0)  # an 8-bit file
+    as_floats = (pixels / 255.0).astype(np.float64).astype(np.float32)  # the same pixels saved as floats
+    labels = np.arange(50) % 10
+    assert np.array_equal(canonical_images(as_bytes, labels), canonical_images(as_floats, labels))
+
+
+def test_a_row_does_not_move_when_another_row_changes_the_file_format(tmp_path):
+    """One missing value makes pandas write every integer of the column as ``79.0``, and Parquet store it as
+    float64: the canonical rows, and so the split, are the same."""
+    d = pd.DataFrame({"x": np.arange(300) % 90, "c": np.random.default_rng(0).choice(list("ab"), 300)})
+    plus = pd.concat([d, pd.DataFrame({"x": [np.nan], "c": ["a"]})], ignore_index=True)
+    d.to_csv(tmp_path / "d.csv", index=False)
+    plus.to_csv(tmp_path / "p.csv", index=False)
+    d.to_parquet(tmp_path / "d.parquet")
+    plus.to_parquet(tmp_path / "p.parquet")
+    from lightning_dp.data.sources import read_table
+
+    assert "79.0" in (tmp_path / "p.csv").read_text() and "79.0" not in (tmp_path / "d.csv").read_text()
+    assert read_table(tmp_path / "d.parquet")["x"].dtype != read_table(tmp_path / "p.parquet")["x"].dtype
+    masks = [holdout_mask(canonical_frame(read_table(tmp_path / f), SCHEMA), fraction=0.3, seed=0)
+             for f in ("d.csv", "p.csv", "d.parquet", "p.parquet")]
+    assert np.array_equal(masks[0], masks[1][:-1]) and np.array_equal(masks[0], masks[2])
+    assert np.array_equal(masks[0], masks[3][:-1])
 
 
 def test_the_count_is_released_on_the_ledger_with_a_share_of_the_renyi_budget():
