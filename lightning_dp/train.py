@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import sys
@@ -11,8 +12,9 @@ from pathlib import Path
 from typing import Any
 
 import pytorch_lightning as pl
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
+from lightning_dp.budget import RunBudget
 from lightning_dp.callbacks.run_record import RunRecord, write_run_files
 from lightning_dp.checkpoint import AtomicCheckpointIO
 from lightning_dp.data.datamodule import PrivateDataModule
@@ -25,7 +27,7 @@ from lightning_dp.privacy import mechanisms as mech
 from lightning_dp.privacy.coverage import complete_mechanisms
 from lightning_dp.privacy.ledger import BudgetExceededError, PrivacyLedger
 from lightning_dp.privacy.metrics import GuardedCSVLogger, declared_metrics
-from lightning_dp.resume import resume_config, resume_state
+from lightning_dp.resume import load_ledger, registry_resume, resume_config, resume_state
 from lightning_dp.run_log import RunLog
 from lightning_dp.synthetic import write_samples
 from lightning_dp.weighting.apply import Weighting, WeightsConfig, weighted_frame
@@ -133,7 +135,8 @@ def train(cfg: DictConfig, *, overrides: Sequence[str] | None = None) -> dict[st
         return tune(cfg, overrides=overrides)
     run_log = RunLog()
     try:
-        return _train(cfg, overrides=overrides, run_log=run_log)
+        with contextlib.ExitStack() as stack:  # the budget registry's session and folder lock end with the run
+            return _train(cfg, overrides=overrides, run_log=run_log, stack=stack)
     finally:
         run_log.close()
 
@@ -206,21 +209,33 @@ class _RunFiles:
             self.written = True
 
 
-def _train(cfg: DictConfig, *, overrides: Sequence[str] | None, run_log: RunLog) -> dict[str, Any]:
+def _train(cfg: DictConfig, *, overrides: Sequence[str] | None, run_log: RunLog,
+           stack: contextlib.ExitStack) -> dict[str, Any]:
     resume = _resume_path(cfg)
+    external = bool(cfg.get("resume_external"))
     if resume is not None:
         cfg = resume_config(cfg, overrides=overrides, checkpoint=resume)
         cfg.resume = str(resume)
+    with open_dict(cfg):
+        cfg.resume_external = False  # an explicit act for this invocation, not saved with the run
     out = Path(cfg.output_dir)
     check_run(cfg, out)
     rank = launch_rank()
     ledger = make_ledger(cfg.privacy)
+    # rank 0 keeps the run's records in the budget registry (one budget per data set) and locks the run folder
+    budget = stack.enter_context(RunBudget.open(cfg.privacy, out)) if rank == 0 else None
     data_state, ckpt_path = None, None
     if resume is not None:
         state = resume_state(out, resume)
-        ledger.load_state_dict(state.ledger)
+        if budget is not None:  # the spend is the registry's record of the run, never the files alone
+            cont = registry_resume(budget.registry, state, external=external)
+            load_ledger(ledger, cont.ledger)
+            budget.attach(ledger, run_id=cont.run_id, dataset_id=cont.dataset_id, external_of=cont.external_of)
+        else:
+            load_ledger(ledger, state.ledger)
         data_state, ckpt_path = state.data, state.checkpoint
-        log.info("Resuming from %s (ledger from %s): %s", ckpt_path or ".prefit.json", state.where, ledger.summary())
+        log.info("Resuming from %s (ledger from %s): %s", ckpt_path or ".prefit.json",
+                 "the budget registry" if budget is not None and not external else state.where, ledger.summary())
     elif rank > 0:  # another process of a DDP run: rank 0 released the pre-fit facts (lightning_dp/launch.py)
         handoff = wait_for_prefit(out)
         ledger.load_state_dict(handoff["ledger"])
@@ -228,6 +243,8 @@ def _train(cfg: DictConfig, *, overrides: Sequence[str] | None, run_log: RunLog)
     elif any((out / name).exists() for name in ("ledger.json", ".prefit.json", "checkpoints/last.ckpt")):
         raise RunExistsError(f"{str(out)!r} already holds a run. Continue it with resume=last, or choose another "
                               "output_dir=PATH.")
+    elif budget is not None:
+        budget.attach(ledger)
     run_files = _RunFiles(out, OmegaConf.to_yaml(cfg, resolve=True), run_log)
     if rank == 0:  # the run's files appear with its first release: a run refused before it leaves nothing
 
@@ -246,7 +263,8 @@ def _train(cfg: DictConfig, *, overrides: Sequence[str] | None, run_log: RunLog)
     dm.prepare(ledger, generator=mech.noise_generator(noise_seed), state=data_state,
                check_rows=lambda count: check_delta(ledger.delta, count, allow_large_delta=allow),
                count_budget_fraction=cfg.privacy.get("count_budget_fraction", 0.02),
-               check_schema=lambda schema: check_data(cfg.model, schema))
+               check_schema=lambda schema: check_data(cfg.model, schema),
+               identify=budget.identify if budget is not None else None)
     ledger.commit = None
     if rank == 0:
         publish_prefit(out, ledger=ledger.state_dict(), data=dm.state_dict(), complete=True)

@@ -19,7 +19,7 @@ from pytorch_lightning import LightningDataModule
 from torch import Tensor
 from torch.utils.data import DataLoader, TensorDataset
 
-from lightning_dp.data.canonical import canonical_frame, canonical_images
+from lightning_dp.data.canonical import canonical_frame, canonical_images, row_digests
 from lightning_dp.data.dp_count import RowCount, release_row_count
 from lightning_dp.data.dp_preprocessing import needs_release, release_schema
 from lightning_dp.data.encoders import TabularEncoder
@@ -81,7 +81,8 @@ class PrivateDataModule(LightningDataModule):
 
     def prepare(self, ledger: PrivacyLedger, *, generator: torch.Generator, state: dict[str, Any] | None = None,
                 check_rows: Callable[[RowCount], None] | None = None, count_budget_fraction: float = 0.02,
-                private_use: bool = False, check_schema: Callable[[Any], None] | None = None) -> None:
+                private_use: bool = False, check_schema: Callable[[Any], None] | None = None,
+                identify: Callable[[np.ndarray, str], None] | None = None) -> None:
         """Load, split and encode the private data; release (and charge) n and the schema facts that are not public.
 
         Order: everything that can fail on the user's input (files, schema, validation) runs before the
@@ -101,6 +102,9 @@ class PrivateDataModule(LightningDataModule):
                 the exact count is used and nothing is released (a schema that needs a release is refused).
             check_schema: called with the public schema (None for images) before anything is released (the
                 model's own checks, e.g. PPEM's sensitive columns).
+            identify: called with one canonical digest per row of the whole source (training and test rows, shape
+                (N,)) and the data kind, after the rows are checked and before anything is released: the budget
+                registry's fingerprint of the data set (``lightning_dp/budget``).
         """
         source = self._load()
         if check_schema is not None:
@@ -111,10 +115,13 @@ class PrivateDataModule(LightningDataModule):
         if isinstance(source, ImageSource):
             image_rows = canonical_images(source.images, source.labels)  # (N, HW + 1): what each image is
             train, holdout = self._split_images(image_rows)
+            digests = row_digests(image_rows)  # (N,)
         else:
-            train, holdout = self._split_tabular(source)
+            train, holdout, digests = self._split_tabular(source)
         if len(train) == 0:
             raise DataError(f"The {source.name} training data has no rows.")
+        if identify is not None:
+            identify(digests, "image" if isinstance(source, ImageSource) else "tabular")
         if state is not None and "num_rows" in state:
             self.row_count = RowCount.from_dict(state["num_rows"])
         elif private_use:
@@ -136,13 +143,17 @@ class PrivateDataModule(LightningDataModule):
                 self._encode_tabular(source, train, holdout, ledger, generator, state)
         log.info("Data %r: %s; model-space width %d.", self.name, self.row_count.describe(), self.x.shape[1])
 
-    def _split_tabular(self, source: TabularSource) -> tuple[pd.DataFrame, pd.DataFrame]:
+    def _split_tabular(self, source: TabularSource) -> tuple[pd.DataFrame, pd.DataFrame, np.ndarray]:
+        """Training and held-out rows, and one canonical digest per row of the source (training rows first)."""
         train = validate(source.train, source.schema, source=f"the {source.name} training data")
-        if source.test is not None:
-            return train, validate(source.test, source.schema, source=f"the {source.name} test data")
         canonical = canonical_frame(train, source.schema, validated=True)  # not the cells as read (splits.py)
+        digests = row_digests(canonical)  # (n,)
+        if source.test is not None:
+            test = validate(source.test, source.schema, source=f"the {source.name} test data")
+            test_digests = row_digests(canonical_frame(test, source.schema, validated=True))  # (m,)
+            return train, test, np.concatenate([digests, test_digests])
         held = holdout_mask(canonical, fraction=self.holdout_fraction, seed=self.split_seed)
-        return train[~held].reset_index(drop=True), train[held].reset_index(drop=True)
+        return train[~held].reset_index(drop=True), train[held].reset_index(drop=True), digests
 
     def _split_images(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Indices of the training and held-out images; ``rows`` are canonical pixels and label, (N, HW + 1)."""
