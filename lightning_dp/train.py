@@ -67,7 +67,7 @@ def advise(cfg: DictConfig, dm: PrivateDataModule) -> None:
         log.warning("model=%s with its default settings is tuned for tabular data; on images it gives poor samples. "
                     "Use a tuned experiment: experiment=dp_merf_mnist, pearl_mnist or dp_cgan_mnist.", cfg.model.name)
     steps = cfg.model.module.get("steps_per_epoch")
-    if steps and cfg.trainer.get("max_epochs"):
+    if steps and cfg.trainer.get("max_epochs") and cfg.model.name != "gem":  # gem releases between its steps
         log.info("%s trains %d generator steps after its one-shot release (post-processing: no further budget).",
                  cfg.model.name, steps * cfg.trainer.max_epochs)
 
