@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 import warnings
 from collections.abc import Sequence
@@ -36,10 +37,14 @@ log = logging.getLogger(__name__)
 
 
 class _DropTips(logging.Filter):
-    """Lightning's advertisement for a cloud logger, printed on every run."""
+    """Lines Lightning prints on every run that say nothing a user can act on: its advertisement for a cloud
+    logger, "GPU/TPU/HPU available: False" on a CPU machine (a GPU that is there but unused is still shown),
+    and "`Trainer.fit` stopped: `max_epochs=3` reached" (the progress lines and the summary say it)."""
+
+    NOISE = re.compile(r"💡 Tip|(GPU|TPU|HPU|IPU) available: False|`Trainer\.fit` stopped: `max_(epochs|steps)=")
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith("💡 Tip")
+        return not self.NOISE.match(str(record.msg))
 
 
 def quiet_lightning() -> None:
@@ -50,6 +55,12 @@ def quiet_lightning() -> None:
         logger.addFilter(_DropTips())
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*")
     warnings.filterwarnings("ignore", message=r".*does not have many workers.*")
+    # a resumed epoch is as valid as a new one here: DP-SGD's Poisson sampler draws every batch afresh (secret
+    # randomness, accounted per step) and one-shot models train on generated batches; Lightning warns on every
+    # resume of a model with two optimizers (its global step counts both)
+    warnings.filterwarnings("ignore", message=r".*ended before the epoch ended and your dataloader is not resumable.*")
+    # steps_per_epoch below log_every_n_steps (short runs, tests): metrics are still logged at the epoch's end
+    warnings.filterwarnings("ignore", message=r".*is smaller than the logging interval.*")
 
 
 def trainer_options(trainer_cfg: DictConfig) -> dict[str, Any]:
@@ -245,7 +256,7 @@ def _train(cfg: DictConfig, *, overrides: Sequence[str] | None, run_log: RunLog)
 
         ledger.persist = persist
     weighting = _weighting(cfg)  # its settings are checked before anything is released
-    pl.seed_everything(cfg.seed, workers=True)
+    pl.seed_everything(cfg.seed, workers=True, verbose=False)
     noise_seed = cfg.privacy.get("noise_seed")
     dm = PrivateDataModule(**cfg.data)
     allow = cfg.privacy.get("allow_large_delta", False)
