@@ -22,14 +22,29 @@ HEADER = ("# PRIVATE: the tuning candidates' own logs (K, each candidate's setti
           "do not publish this file.\n")
 # loggers that may hold their own console handlers (Lightning adds one at import when the root has none)
 OWN_HANDLERS = ("pytorch_lightning", "lightning_fabric", "lightning.pytorch", "lightning.fabric", "lightning")
+# loggers whose records still reach the console: the progress lines, which show elapsed time and ε only while the
+# candidates train (``Progress.hidden``)
+PUBLIC_LOGGERS = ("lightning_dp.progress",)
+
+
+class _Only(logging.Filter):
+    """Pass the records of the named loggers only."""
+
+    def __init__(self, names: tuple[str, ...]) -> None:
+        super().__init__()
+        self.names = names
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.name in self.names
 
 
 @contextlib.contextmanager
 def private_output(path: Path) -> Iterator[None]:
-    """Within the block, every log record, ``stdout``/``stderr`` write and warning goes to ``path`` only.
+    """Within the block, every log record, ``stdout``/``stderr`` write and warning goes to ``path``; the console
+    keeps only the progress lines (``PUBLIC_LOGGERS``).
 
-    The root logger's handlers (the console, a run's ``train.log``) and the console handlers Lightning's
-    loggers carry are detached for the block and put back after it, whatever happens.
+    The root logger's handlers (the console, a run's ``train.log``) pass only those records for the block, and the
+    console handlers Lightning's loggers carry are detached; all is put back after it, whatever happens.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
     root = logging.getLogger()
@@ -41,7 +56,10 @@ def private_output(path: Path) -> Iterator[None]:
             stream.write(HEADER)
         handler = logging.StreamHandler(stream)
         handler.setFormatter(logging.Formatter(FORMAT))
-        root.handlers = [handler]
+        only_public = _Only(PUBLIC_LOGGERS)
+        for h in saved_root:
+            h.addFilter(only_public)
+        root.handlers = [handler, *saved_root]
         for lg in named:
             lg.handlers, lg.propagate = [], True
         try:
@@ -49,6 +67,8 @@ def private_output(path: Path) -> Iterator[None]:
                 yield
         finally:
             handler.flush()
+            for h in saved_root:
+                h.removeFilter(only_public)
             root.handlers = saved_root
             for lg, (handlers, propagate) in zip(named, saved_named, strict=True):
                 lg.handlers, lg.propagate = handlers, propagate

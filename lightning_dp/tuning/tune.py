@@ -71,6 +71,7 @@ from lightning_dp.errors import ConfigError, RunExistsError, UserError
 from lightning_dp.io import atomic_write, atomic_write_text
 from lightning_dp.privacy import mechanisms as mech
 from lightning_dp.privacy.ledger import BudgetExceededError, PrivacyLedger, Release
+from lightning_dp.progress import tracker
 from lightning_dp.tuning.private_log import private_output
 from lightning_dp.tuning.selection import sample_tnb, tnb_mean, tnb_rdp
 
@@ -416,7 +417,7 @@ def tune(cfg: DictConfig, *, overrides: Sequence[str] | None = None) -> dict[str
     from lightning_dp.checkpoint import AtomicCheckpointIO, load_checkpoint
     from lightning_dp.preflight import check_config
     from lightning_dp.run_log import RunLog
-    from lightning_dp.train import make_ledger, train
+    from lightning_dp.train import make_ledger
 
     if cfg.get("resume"):
         raise ConfigError("A tuning run cannot be resumed (its candidates are not saved for it). Start a new run with "
@@ -459,24 +460,14 @@ def tune(cfg: DictConfig, *, overrides: Sequence[str] | None = None) -> dict[str
     # (a candidate above it stops the run), so a kill at any moment leaves the whole cost on the run's ledger
     ledger.record(selection_release(p.orders, envelope, tc, note))
     rows, best = [], None
+    tracker.set_epsilon(lambda: f"ε = {ledger.spent:.4g} of {ledger.target_epsilon:g} (the whole selection, spent at its start)")
     try:
-        # the candidates' logs, prints and warnings go to the private log only: K and each candidate's run are not
-        # covered by the theorem, and the console is what a scheduler writes to a shared log
-        with private_output(out / PRIVATE_LOG):
+        # the candidates' logs, prints and warnings go to the private log only (private_log.py): K and each
+        # candidate's run are not covered by the theorem, and the console is what a scheduler writes to a shared log
+        with tracker.hidden("tuning (elapsed and ε only: the number of candidates is private)"), \
+                private_output(out / PRIVATE_LOG):
             try:
-                for k in range(num):
-                    point = points[int(rng.integers(len(points)))]
-                    seeds = (int(rng.integers(2**31)), int(rng.integers(2**31)))  # secret, like K
-                    result = train(_candidate_cfg(cfg, point, p, out, k, seeds))
-                    curve = _curve(result["privacy_ledger"], p.orders) + p.score_rdp()
-                    if np.any(curve > envelope * (1 + 1e-9)):  # cannot happen for TUNABLE models
-                        raise RuntimeError(f"candidate {k}'s releases exceed the plan's Rényi-DP curve")
-                    score = _score(tc, p, result["datamodule"], result["synthetic"], score_gen)
-                    rows.append({"candidate": k, "overrides": json.dumps(point), **score, "seed": seeds[0],
-                                 "epsilon_candidate": result["privacy_ledger"].epsilon(),
-                                 "checkpoint": result["checkpoint"], "synthetic": result["synthetic"]})
-                    if best is None or score["score"] > best[0]["score"]:
-                        best = (rows[-1], result)
+                best = _candidates(cfg, tc, p, out, num, points, rng, envelope, score_gen, rows)
             except Exception as err:
                 log.exception("The tuning stopped in a candidate: %s", err)  # private: names the candidate
                 raise _CandidateFailed(
@@ -496,6 +487,30 @@ def tune(cfg: DictConfig, *, overrides: Sequence[str] | None = None) -> dict[str
         if not tc.keep_candidates:
             shutil.rmtree(out / "tuning", ignore_errors=True)
     return published
+
+
+def _candidates(cfg: DictConfig, tc: TuneConfig, p: Plan, out: Path, num: int, points: list[dict[str, Any]],
+                rng: np.random.Generator, envelope: np.ndarray, score_gen: Any,
+                rows: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """Train and score ``num`` candidates (appended to ``rows``); the best ``(row, result)``."""
+    from lightning_dp.train import train
+
+    best = None
+    for k in range(num):
+        point = points[int(rng.integers(len(points)))]
+        seeds = (int(rng.integers(2**31)), int(rng.integers(2**31)))  # secret, like K (_candidate_cfg)
+        result = train(_candidate_cfg(cfg, point, p, out, k, seeds))
+        curve = _curve(result["privacy_ledger"], p.orders) + p.score_rdp()
+        if np.any(curve > envelope * (1 + 1e-9)):  # cannot happen for TUNABLE models; never publish if it does
+            raise RuntimeError(f"Candidate {k}'s releases exceed the plan's Rényi-DP curve, so the selection's "
+                               "bound does not hold; nothing was published. Report this with the run's config.")
+        score = _score(tc, p, result["datamodule"], result["synthetic"], score_gen)
+        rows.append({"candidate": k, "overrides": json.dumps(point), **score, "seed": seeds[0],
+                     "epsilon_candidate": result["privacy_ledger"].epsilon(), "checkpoint": result["checkpoint"],
+                     "synthetic": result["synthetic"]})
+        if best is None or score["score"] > best[0]["score"]:
+            best = (rows[-1], result)
+    return best
 
 
 def _publish(cfg: DictConfig, tc: TuneConfig, p: Plan, ledger: PrivacyLedger, chosen: dict[str, Any],
