@@ -129,7 +129,9 @@ def test_logs_and_lightning_lines_do_not_count_the_rows(runs, capsys):
                 for line in lines]
 
     batches = [line for line in rec_a + rec_b if "training batches" in line]
-    assert batches and all("(2)" in line for line in batches)  # Lightning's "number of training batches (2)" is ⌈ñ/B⌉
+    assert all("(2)" in line for line in batches)  # Lightning's "number of training batches (k)", where shown: ⌈ñ/B⌉
+    progress = [[re.sub(r"elapsed.*", "", ln) for ln in rec if ln.startswith("progress:")] for rec in (rec_a, rec_b)]
+    assert progress[0] == progress[1]  # the progress lines' steps done/planned
     a_lines = [ln for ln in rec_a if "took" not in ln]
     b_lines = [ln for ln in rec_b if "took" not in ln]
     assert len(a_lines) == len(b_lines)
