@@ -166,6 +166,9 @@ class ResumeState:
         checkpoint: the checkpoint to restore the model and loops from, or ``None`` (training had not started).
         where: which record the ledger came from.
         records: every record of the ledger found (``(where, state)``), for the budget registry's checks.
+        config: the checkpoint's own record of the run's config, or ``None``.
+        weights: the checkpoint's ``state_dict``, or ``None``.
+        epoch: the epoch the checkpoint was saved in, or ``None``.
     """
 
     ledger: dict[str, Any]
@@ -173,6 +176,9 @@ class ResumeState:
     checkpoint: Path | None
     where: str
     records: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    config: dict[str, Any] | None = None
+    weights: dict[str, Any] | None = None
+    epoch: int | None = None
 
 
 def resume_state(output_dir: str | Path, checkpoint: Path | None) -> ResumeState:
@@ -188,7 +194,7 @@ def resume_state(output_dir: str | Path, checkpoint: Path | None) -> ResumeState
     """
     out = Path(output_dir)
     records: list[tuple[str, dict[str, Any]]] = []
-    data, ckpt_path = None, None
+    data, ckpt_path, config, weights, epoch = None, None, None, None, None
     prefit = read_prefit(out)
     if prefit is not None:
         records.append((".prefit.json", prefit["ledger"]))
@@ -202,7 +208,9 @@ def resume_state(output_dir: str | Path, checkpoint: Path | None) -> ResumeState
             raise ResumeError(f"{str(checkpoint)!r} holds two different copies of its ledger: it was changed after it "
                               "was written and cannot be trusted. Resume from another checkpoint or start a new run.")
         records.append((str(checkpoint), record["ledger"]))
-        data, ckpt_path = record["data"], checkpoint
+        check_literal(record["config"], f"the config in {checkpoint}")
+        data, ckpt_path, config = record["data"], checkpoint, record["config"]
+        weights, epoch = ckpt.get("state_dict"), ckpt.get("epoch")
     elif checkpoint is not None and checkpoint.name != "last.ckpt":
         raise CheckpointError(f"Checkpoint {str(checkpoint)!r} does not exist. Pass a run's checkpoint, or resume=last.")
     ledger_json = out / "ledger.json"
@@ -219,7 +227,63 @@ def resume_state(output_dir: str | Path, checkpoint: Path | None) -> ResumeState
         where, ledger = PrivacyLedger.most_advanced(records)
     except ValueError as err:
         raise ResumeError(str(err)) from err
-    return ResumeState(ledger=ledger, data=data, checkpoint=ckpt_path, where=where, records=records)
+    return ResumeState(ledger=ledger, data=data, checkpoint=ckpt_path, where=where, records=records, config=config,
+                       weights=weights, epoch=epoch if type(epoch) is int else None)
+
+
+def check_same_run(cfg: DictConfig, state: ResumeState) -> None:
+    """The run's ``config.yaml`` and its checkpoint's own record of the config must agree on everything a resume
+    may not change (privacy, data, model, mechanisms: a clip norm or an ε edited in one of them).
+
+    Raises:
+        ResumeError: naming the settings that differ.
+    """
+    if state.config is None:
+        return
+    mine, theirs = _flatten(OmegaConf.to_container(cfg, resolve=True)), _flatten(state.config)
+    changed = sorted(k for k in set(mine) | set(theirs)
+                     if not _allowed(k) and mine.get(k) != theirs.get(k) and not (mine.get(k) is None is theirs.get(k)))
+    if changed:
+        raise ResumeError(f"{cfg.output_dir}/config.yaml and the checkpoint {state.checkpoint} disagree on "
+                          f"{', '.join(changed[:6])}: one of them was edited. Restore the run's config.yaml, or start a "
+                          "new run.")
+
+
+def check_checkpoint_fits(cfg: DictConfig, state: ResumeState) -> None:
+    """Before anything is read or released: the run's networks fit in memory, the checkpoint's weights fit them
+    (names and shapes, the model built on the ``meta`` device), and the run is asked for at least the epochs it
+    has done.
+
+    Raises:
+        ResumeError: another model's weights, or ``trainer.max_epochs`` below the epochs done.
+        ResourceError, CheckpointError: networks that cannot be built or do not fit in memory.
+    """
+    if state.weights is None or state.data is None:
+        return
+    if not isinstance(state.weights, dict):
+        raise ResumeError(f"{state.checkpoint} holds no weights (state_dict is {type(state.weights).__name__}).")
+    import torch
+
+    from lightning_dp.checkpoint import check_model_size, data_layout
+    from lightning_dp.models import build_model
+
+    layout = data_layout(state.data)
+    check_model_size(cfg.model, layout, where=f"model={cfg.model.name}")
+    with torch.device("meta"):
+        model = build_model(cfg.model, layout)
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    found = {k: tuple(getattr(v, "shape", ())) for k, v in state.weights.items()}
+    missing, unexpected = sorted(set(expected) - set(found)), sorted(set(found) - set(expected))
+    wrong = sorted(k for k in set(expected) & set(found) if expected[k] != found[k])
+    if missing or unexpected or wrong:
+        detail = "; ".join(f"{what}: {', '.join(keys[:3])}{' ...' if len(keys) > 3 else ''}" for what, keys in
+                           (("missing", missing), ("unexpected", unexpected), ("other shapes", wrong)) if keys)
+        raise ResumeError(f"The weights in {state.checkpoint} are not model={cfg.model.name}'s as configured ({detail}): "
+                          "the checkpoint belongs to another model. Resume the run it belongs to.")
+    max_epochs = cfg.trainer.get("max_epochs")
+    if state.epoch is not None and max_epochs is not None and 0 <= max_epochs < state.epoch:
+        raise ResumeError(f"trainer.max_epochs={max_epochs} is below the {state.epoch} epochs the run has done; "
+                          f"resume with trainer.max_epochs={state.epoch} or more.")
 
 
 @dataclass
