@@ -19,7 +19,7 @@ from lightning_dp.data.datamodule import PrivateDataModule
 from lightning_dp.data.dp_count import RowCount
 from lightning_dp.errors import RunExistsError, StorageError, UserError
 from lightning_dp.launch import launch_rank, publish_prefit, wait_for_prefit
-from lightning_dp.models import build_mechanisms, build_model, check_data
+from lightning_dp.models import build_mechanisms, build_model, check_data, minmax_columns
 from lightning_dp.preflight import ConfigError, check_run, check_space, checkpoint_bytes
 from lightning_dp.privacy import mechanisms as mech
 from lightning_dp.privacy.coverage import complete_mechanisms
@@ -246,7 +246,8 @@ def _train(cfg: DictConfig, *, overrides: Sequence[str] | None, run_log: RunLog)
     dm.prepare(ledger, generator=mech.noise_generator(noise_seed), state=data_state,
                check_rows=lambda count: check_delta(ledger.delta, count, allow_large_delta=allow),
                count_budget_fraction=cfg.privacy.get("count_budget_fraction", 0.02),
-               check_schema=lambda schema: check_data(cfg.model, schema))
+               check_schema=lambda schema: check_data(cfg.model, schema),
+               minmax_columns=lambda schema: minmax_columns(cfg.model, schema))
     ledger.commit = None
     if rank == 0:
         publish_prefit(out, ledger=ledger.state_dict(), data=dm.state_dict(), complete=True)
