@@ -207,9 +207,10 @@ class PrivateDataModule(LightningDataModule):
                 schema = release_schema(train, schema, ledger, generator=generator, num_rows=self.row_count.value,
                                         epsilon=epsilon)
             if cells and needs_cells(schema, minmax):
-                schema = release_cells(train, schema, ledger, epsilon=epsilon, num_rows=self.row_count.value,
-                                       generator=generator,
-                                       minmax_columns=minmax, bins=self.bins)
+                schema, unknown = release_cells(train, schema, ledger, epsilon=epsilon, num_rows=self.row_count.value,
+                                                generator=generator,
+                                                minmax_columns=minmax, bins=self.bins)
+                minmax = (*minmax, *unknown)
             self.encoder = TabularEncoder(schema, representation=self.representation, minmax_columns=minmax)
         keep = self.encoder.keep_mask(train)
         if needs_release(source.schema):  # data-independent: whether any row was dropped is private

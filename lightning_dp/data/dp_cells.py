@@ -26,8 +26,9 @@ post-processing:
   gets ``k`` equal-width bins instead.
 
 When the released (or public) row count is too small for the noise (``num_rows < 4·σ√K·√GRID``, a public
-function of the count, σ and the grid), nothing is released: undeclared spikes stay empty and undeclared bins are
-``min(bins, 10)`` equal-width bins over the bounds.
+function of the count, σ and the grid), nothing is released: a column that declares neither spikes nor bins stays
+one min-max number (nothing is known of its shape), one that declares some of them gets ``spikes: []`` or
+``min(bins, 10)`` equal-width bins over its bounds for the rest.
 """
 
 from __future__ import annotations
@@ -148,7 +149,8 @@ def needs_cells(schema: Schema, minmax_columns: Sequence[str] = ()) -> list[Colu
 
 
 def release_cells(df: pd.DataFrame, schema: Schema, ledger: PrivacyLedger, *, epsilon: float, num_rows: float,
-                  generator: torch.Generator, minmax_columns: Sequence[str] = (), bins: int = DEFAULT_BINS) -> Schema:
+                  generator: torch.Generator, minmax_columns: Sequence[str] = (),
+                  bins: int = DEFAULT_BINS) -> tuple[Schema, list[str]]:
     """Fill in the spikes and bin edges the schema leaves private, in one Gaussian release of ``epsilon``.
 
     Args:
@@ -162,11 +164,12 @@ def release_cells(df: pd.DataFrame, schema: Schema, ledger: PrivacyLedger, *, ep
         bins: number of quantile bins of a column that does not say ``bins: K``.
 
     Returns:
-        The schema with ``spikes`` and ``bins`` (edges) on every cells column.
+        The schema with ``spikes`` and ``bins`` (edges) on every cells column, and the columns left as one min-max
+        number (too few rows, nothing declared).
     """
     todo = needs_cells(schema, minmax_columns)
     if not todo:
-        return schema
+        return schema, []
     k = len(todo)
     sens = math.sqrt(k) if ledger.adjacency == "add_remove" else math.sqrt(2 * k)
 
@@ -177,15 +180,18 @@ def release_cells(df: pd.DataFrame, schema: Schema, ledger: PrivacyLedger, *, ep
     sigma = PrivacyLedger(target_epsilon=epsilon, delta=ledger.delta).calibrate(gauss)
     columns = {c.name: c for c in schema.columns}
     if num_rows < 4.0 * sigma * sens * math.sqrt(GRID):
-        fallback = min(bins, 10)
+        fallback, minmax = min(bins, 10), []
         for c in todo:
+            if c.spikes is None and c.bins is None:
+                minmax.append(c.name)
+                continue
             edges = c.bins if isinstance(c.bins, list) else uniform_edges(*c.bounds, fallback, integer=c.integer)
             columns[c.name] = replace(c, spikes=[] if c.spikes is None else c.spikes, bins=edges)
-        log.warning("Columns %s: about %.0f rows are too few for DP spikes and quantile bins at ε=%.3g; they get "
-                    "equal-width bins (nothing released). Declare spikes: [...] and bins: [...] in the schema.",
-                    [c.name for c in todo], num_rows, epsilon)
+        log.warning("Columns %s: about %.0f rows are too few for DP spikes and quantile bins at ε=%.3g (nothing "
+                    "released); columns that declare neither stay min-max scaled, the others get equal-width bins. "
+                    "Declare spikes: [...] and bins: [...] in the schema.", [c.name for c in todo], num_rows, epsilon)
         return Schema(columns=[columns[c.name] for c in schema.columns], label=schema.label,
-                      missing_values=schema.missing_values)
+                      missing_values=schema.missing_values), minmax
     ledger.record(gauss(sigma)[0])
     grids = [fine_grid(c) for c in todo]
     exact = np.concatenate([g.counts(df[c.name].to_numpy(dtype=float)) for c, g in zip(todo, grids, strict=True)])
@@ -199,4 +205,4 @@ def release_cells(df: pd.DataFrame, schema: Schema, ledger: PrivacyLedger, *, ep
         log.info("Column %r: %d spikes and %d bins released with DP; declare spikes: [...] and bins: [...] in the "
                  "schema to spend nothing on them.", c.name, len(spikes), len(edges) - 1)
     return Schema(columns=[columns[c.name] for c in schema.columns], label=schema.label,
-                  missing_values=schema.missing_values)
+                  missing_values=schema.missing_values), []
