@@ -115,6 +115,7 @@ from audits.output import check_output_folder, write_files
 from audits.policy import load_policy
 from audits.utility import json_safe
 from audits.verdicts import overall_status
+from lightning_dp.progress import tracker
 
 log = logging.getLogger(__name__)
 
@@ -328,18 +329,25 @@ def build_report(
     checks: dict[str, Any] = {}
     figures: dict[str, dict[str, Figure]] = {}
     verdicts = []
-    with tqdm(
-        total=total, desc="audit", unit="step", disable=None if progress is None else not progress
-    ) as bar:
+    bar = tqdm(total=total, desc="audit", unit="step", disable=None if progress is None else not progress)
+    done = [0]  # steps done (a disabled bar does not count)
+    with bar, tracker.session():  # lines off a terminal, at each check and every 30 s (lightning_dp.progress)
         for name, opts, gates in ordered:
             spec, ctx = REGISTRY[name], Context(seed=seed, confidence=confidence, gates=gates)
             bar.set_postfix_str(name)
+            tracker.stage(f"audit: {name}", total=total, unit="audit steps", done=done[0])
             t0 = time.time()
+
+            def tick(n: int = 1) -> None:
+                bar.update(n)
+                done[0] += n
+                tracker.update(done[0])
+
             if spec.kind == "privacy" and too_few:
                 res = CheckResult(skipped=too_few)
-                bar.update(spec.steps(opts))
+                tick(spec.steps(opts))
             else:
-                res = spec.run(inputs, cands, opts, ctx, lambda: bar.update(1))
+                res = spec.run(inputs, cands, opts, ctx, tick)
             if res.skipped:  # inconclusive thresholds, unless the check does not apply to these inputs
                 why = f"The check did not run: {res.skipped}."
                 res.verdicts = spec.undecided(name, opts, why, ctx) if res.applies else []

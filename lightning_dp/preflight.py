@@ -20,6 +20,7 @@ from lightning_dp.data.sources import LOADERS
 from lightning_dp.errors import ConfigError
 from lightning_dp.models import MODELS, check_model_config
 from lightning_dp.privacy.coverage import check_coverage
+from lightning_dp.quick_checks import check_quick
 
 MIN_FREE_BYTES = 64 * 2**20  # ledger, config, logs and the pre-training record
 
@@ -62,6 +63,7 @@ def check_config(cfg: DictConfig) -> None:
 
     from lightning_dp.data.datamodule import PrivateDataModule
 
+    check_quick(cfg)  # seeds and column lists (train.py ran these before importing torch)
     _known_keys(cfg, TOP_KEYS, "")
     _known_keys(cfg.privacy, PRIVACY_KEYS, "privacy")
     _known_keys(cfg.data, list(inspect.signature(PrivateDataModule.__init__).parameters)[1:], "data")

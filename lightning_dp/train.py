@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 import warnings
 from collections.abc import Sequence
@@ -13,11 +14,12 @@ from typing import Any
 import pytorch_lightning as pl
 from omegaconf import DictConfig, OmegaConf
 
+from lightning_dp.callbacks.progress_lines import ProgressLines
 from lightning_dp.callbacks.run_record import RunRecord, write_run_files
 from lightning_dp.checkpoint import AtomicCheckpointIO
 from lightning_dp.data.datamodule import PrivateDataModule
 from lightning_dp.data.dp_count import RowCount
-from lightning_dp.errors import RunExistsError, StorageError, UserError
+from lightning_dp.errors import RunExistsError, StorageError, UserError, python_command
 from lightning_dp.launch import launch_rank, publish_prefit, wait_for_prefit
 from lightning_dp.models import build_mechanisms, build_model, check_data
 from lightning_dp.preflight import ConfigError, check_run, check_space, checkpoint_bytes
@@ -25,6 +27,7 @@ from lightning_dp.privacy import mechanisms as mech
 from lightning_dp.privacy.coverage import complete_mechanisms
 from lightning_dp.privacy.ledger import BudgetExceededError, PrivacyLedger
 from lightning_dp.privacy.metrics import GuardedCSVLogger, declared_metrics
+from lightning_dp.progress import tracker
 from lightning_dp.resume import resume_config, resume_state
 from lightning_dp.run_log import RunLog
 from lightning_dp.synthetic import write_samples
@@ -34,10 +37,14 @@ log = logging.getLogger(__name__)
 
 
 class _DropTips(logging.Filter):
-    """Lightning's advertisement for a cloud logger, printed on every run."""
+    """Lines Lightning prints on every run that say nothing a user can act on: its advertisement for a cloud
+    logger, "GPU/TPU/HPU available: False" on a CPU machine (a GPU that is there but unused is still shown),
+    and "`Trainer.fit` stopped: `max_epochs=3` reached" (the progress lines and the summary say it)."""
+
+    NOISE = re.compile(r"💡 Tip|(GPU|TPU|HPU|IPU) available: False|`Trainer\.fit` stopped: `max_(epochs|steps)=")
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith("💡 Tip")
+        return not self.NOISE.match(str(record.msg))
 
 
 def quiet_lightning() -> None:
@@ -48,6 +55,12 @@ def quiet_lightning() -> None:
         logger.addFilter(_DropTips())
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*")
     warnings.filterwarnings("ignore", message=r".*does not have many workers.*")
+    # a resumed epoch is as valid as a new one here: DP-SGD's Poisson sampler draws every batch afresh (secret
+    # randomness, accounted per step) and one-shot models train on generated batches; Lightning warns on every
+    # resume of a model with two optimizers (its global step counts both)
+    warnings.filterwarnings("ignore", message=r".*ended before the epoch ended and your dataloader is not resumable.*")
+    # steps_per_epoch below log_every_n_steps (short runs, tests): metrics are still logged at the epoch's end
+    warnings.filterwarnings("ignore", message=r".*is smaller than the logging interval.*")
 
 
 def trainer_options(trainer_cfg: DictConfig) -> dict[str, Any]:
@@ -65,7 +78,7 @@ def advise(cfg: DictConfig, dm: PrivateDataModule) -> None:
         log.warning("model=%s with its default settings is tuned for tabular data; on images it gives poor samples. "
                     "Use a tuned experiment: experiment=dp_merf_mnist, pearl_mnist or dp_cgan_mnist.", cfg.model.name)
     steps = cfg.model.module.get("steps_per_epoch")
-    if steps and cfg.trainer.get("max_epochs"):
+    if steps and cfg.trainer.get("max_epochs") and cfg.model.name != "gem":  # gem releases between its steps
         log.info("%s trains %d generator steps after its one-shot release (post-processing: no further budget).",
                  cfg.model.name, steps * cfg.trainer.max_epochs)
 
@@ -130,10 +143,14 @@ def train(cfg: DictConfig, *, overrides: Sequence[str] | None = None) -> dict[st
     if cfg.get("tune"):  # private hyperparameter selection: candidates are train() runs with tune=null
         from lightning_dp.tuning.tune import tune
 
-        return tune(cfg, overrides=overrides)
+        progress = (cfg.get("callbacks") or {}).get("progress") or {}
+        with tracker.session(every=progress.get("every_seconds"), enabled=progress.get("enabled")):
+            return tune(cfg, overrides=overrides)
     run_log = RunLog()
+    progress = (cfg.get("callbacks") or {}).get("progress") or {}
     try:
-        return _train(cfg, overrides=overrides, run_log=run_log)
+        with tracker.session(every=progress.get("every_seconds"), enabled=progress.get("enabled")):
+            return _train(cfg, overrides=overrides, run_log=run_log)
     finally:
         run_log.close()
 
@@ -187,7 +204,7 @@ def _write_weighted(cfg: DictConfig, weighting: Weighting, model: Any, dm: Priva
     except OSError as err:
         raise StorageError(f"Writing the weighted synthetic data failed ({err.strerror or err}); the weights' budget is "
                            f"spent and on the ledger ({ledger.summary()}). Free space, then weight a new sample with "
-                           f"python -m lightning_dp.sample {record.last_path} --weights ... if budget remains.") from err
+                           f"{python_command()} -m lightning_dp.sample {record.last_path} --weights ... if budget remains.") from err
     log.info("Wrote %d weighted rows to %s: Kish ESS %.1f, PSIS k̂ %.2f (%s); %s", len(sample.weights), path,
              sample.summary["kish_ess"], sample.summary["psis_k"], sample.summary["psis_verdict"], ledger.summary())
     return {"synthetic": str(path), "weights": sample.summary, "epsilon": ledger.spent}
@@ -215,6 +232,8 @@ def _train(cfg: DictConfig, *, overrides: Sequence[str] | None, run_log: RunLog)
     check_run(cfg, out)
     rank = launch_rank()
     ledger = make_ledger(cfg.privacy)
+    tracker.set_epsilon(lambda: f"ε = {ledger.spent:.4g} of {ledger.target_epsilon:g}")
+    tracker.stage("prepare data (row count and schema releases)")
     data_state, ckpt_path = None, None
     if resume is not None:
         state = resume_state(out, resume)
@@ -237,7 +256,7 @@ def _train(cfg: DictConfig, *, overrides: Sequence[str] | None, run_log: RunLog)
 
         ledger.persist = persist
     weighting = _weighting(cfg)  # its settings are checked before anything is released
-    pl.seed_everything(cfg.seed, workers=True)
+    pl.seed_everything(cfg.seed, workers=True, verbose=False)
     noise_seed = cfg.privacy.get("noise_seed")
     dm = PrivateDataModule(**cfg.data)
     allow = cfg.privacy.get("allow_large_delta", False)
@@ -265,7 +284,7 @@ def _train(cfg: DictConfig, *, overrides: Sequence[str] | None, run_log: RunLog)
     mechanisms = complete_mechanisms(cfg, mechanisms, ledger=ledger, datamodule=dm, noise_seed=noise_seed)
     logger = GuardedCSVLogger(str(out), name="logs", declared=lambda: declared_metrics(model))  # declared keys only
     quiet_lightning()
-    trainer = pl.Trainer(**trainer_options(cfg.trainer), default_root_dir=str(out), callbacks=[record, *mechanisms],
+    trainer = pl.Trainer(**trainer_options(cfg.trainer), default_root_dir=str(out), callbacks=[ProgressLines(mechanisms), record, *mechanisms],
                          enable_checkpointing=False, plugins=[AtomicCheckpointIO()], logger=logger)
     fit_kwargs: dict[str, Any] = {"ckpt_path": str(ckpt_path) if ckpt_path else None, "weights_only": True}
     if getattr(model, "uses_private_batches", False):
@@ -287,11 +306,12 @@ def _train(cfg: DictConfig, *, overrides: Sequence[str] | None, run_log: RunLog)
         result.update(_write_weighted(cfg, weighting, model, dm, ledger, record, trainer, num_weighted))
     elif trainer.is_global_zero:
         n = cfg.get("num_samples") or max(round(dm.released_num_rows), 1)  # never the exact count
+        tracker.stage("sample", total=n, unit="rows")
         try:
             result["synthetic"] = write_samples(model, dm.state_dict(), n, out / "synthetic", seed=cfg.seed)
         except OSError as err:
             raise StorageError(f"Writing the synthetic data failed ({err.strerror or err}). The trained run is saved in "
-                               f"{record.last_path}: free space, then sample it with python -m lightning_dp.sample "
+                               f"{record.last_path}: free space, then sample it with {python_command()} -m lightning_dp.sample "
                                f"{record.last_path} --num-rows {n} --out FILE.csv (no budget is spent).") from err
     # for an audit composed at the entry point (train.py): this package never imports audits
     result.update(datamodule=dm, privacy_ledger=ledger, config=config)

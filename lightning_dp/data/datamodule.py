@@ -20,6 +20,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_dp.data.canonical import canonical_frame, canonical_images
+from lightning_dp.data.dp_count import RELEASE_NAME as COUNT_RELEASE
 from lightning_dp.data.dp_count import RowCount, release_row_count
 from lightning_dp.data.dp_preprocessing import needs_release, release_schema
 from lightning_dp.data.encoders import TabularEncoder
@@ -123,6 +124,11 @@ class PrivateDataModule(LightningDataModule):
             with ledger.durable():
                 self.row_count = release_row_count(len(train), ledger, budget_fraction=count_budget_fraction,
                                                    generator=generator, public_num_rows=self.public_num_rows)
+            if self.row_count.source == "dp":  # the share as a share: ε does not add up, so its ε looks larger
+                alone = ledger.epsilon([r for r in ledger.releases if r.name == COUNT_RELEASE])
+                log.info("The DP row count takes %g%% of the run's Rényi-DP budget (privacy.count_budget_fraction). "
+                         "Alone it is ε = %.3g, because ε does not add up: the run still spends up to ε = %g in all.",
+                         100 * count_budget_fraction, alone, ledger.target_epsilon)
         if isinstance(train, pd.DataFrame):
             train = self._subsample(train, canonical_frame(train, source.schema, validated=True))
         else:

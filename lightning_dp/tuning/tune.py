@@ -55,7 +55,8 @@ import logging
 import math
 import secrets
 import shutil
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -68,6 +69,7 @@ from lightning_dp.errors import ConfigError, RunExistsError
 from lightning_dp.io import atomic_write, atomic_write_text
 from lightning_dp.privacy import mechanisms as mech
 from lightning_dp.privacy.ledger import BudgetExceededError, PrivacyLedger, Release
+from lightning_dp.progress import tracker
 from lightning_dp.tuning.selection import sample_tnb, tnb_mean, tnb_rdp
 
 log = logging.getLogger(__name__)
@@ -352,7 +354,7 @@ def tune(cfg: DictConfig, *, overrides: Sequence[str] | None = None) -> dict[str
     from lightning_dp.checkpoint import AtomicCheckpointIO, load_checkpoint
     from lightning_dp.preflight import check_config
     from lightning_dp.run_log import RunLog
-    from lightning_dp.train import make_ledger, train
+    from lightning_dp.train import make_ledger
 
     if cfg.get("resume"):
         raise ConfigError("A tuning run cannot be resumed (its candidates are not saved for it). Start a new run with "
@@ -394,20 +396,10 @@ def tune(cfg: DictConfig, *, overrides: Sequence[str] | None = None) -> dict[str
     # (a candidate above it stops the run), so a kill at any moment leaves the whole cost on the run's ledger
     ledger.record(selection_release(p.orders, envelope, tc, note))
     rows, best = [], None
+    tracker.set_epsilon(lambda: f"ε = {ledger.spent:.4g} of {ledger.target_epsilon:g} (the whole selection, spent at its start)")
     try:
-        for k in range(num):
-            point = points[int(rng.integers(len(points)))]
-            result = train(_candidate_cfg(cfg, point, p, out, k))
-            curve = _curve(result["privacy_ledger"], p.orders) + p.score_rdp()
-            if np.any(curve > envelope * (1 + 1e-9)):  # cannot happen for TUNABLE models; never publish if it does
-                raise RuntimeError(f"Candidate {k}'s releases exceed the plan's Rényi-DP curve, so the selection's "
-                                   "bound does not hold; nothing was published. Report this with the run's config.")
-            score = _score(tc, p, result["datamodule"], result["synthetic"], score_gen)
-            rows.append({"candidate": k, "overrides": json.dumps(point), **score,
-                         "epsilon_candidate": result["privacy_ledger"].epsilon(), "checkpoint": result["checkpoint"],
-                         "synthetic": result["synthetic"]})
-            if best is None or score["score"] > best[0]["score"]:
-                best = (rows[-1], result)
+        with tracker.hidden("tuning (elapsed and ε only: the number of candidates is private)"), _quiet_candidates():
+            best = _candidates(cfg, tc, p, out, num, points, rng, envelope, score_gen, rows)
         assert best is not None  # K >= 1
         chosen, result = best
         run_log = RunLog()
@@ -420,6 +412,45 @@ def tune(cfg: DictConfig, *, overrides: Sequence[str] | None = None) -> dict[str
         if not tc.keep_candidates:
             shutil.rmtree(out / "tuning", ignore_errors=True)
     return published
+
+
+@contextmanager
+def _quiet_candidates() -> Iterator[None]:
+    """Each candidate's log lines (its releases, Lightning's banners) would count the candidates, which are
+    private (K is secret): below ERROR they are dropped while candidates train; the progress lines say elapsed
+    time and ε only."""
+    names = ("lightning_dp", "pytorch_lightning", "lightning.pytorch", "lightning_fabric", "lightning.fabric")
+    saved = {name: logging.getLogger(name).level for name in names}
+    for name in names:
+        logging.getLogger(name).setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for name, level in saved.items():
+            logging.getLogger(name).setLevel(level)
+
+
+def _candidates(cfg: DictConfig, tc: TuneConfig, p: Plan, out: Path, num: int, points: list[dict[str, Any]],
+                rng: np.random.Generator, envelope: np.ndarray, score_gen: Any,
+                rows: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """Train and score ``num`` candidates (appended to ``rows``); the best ``(row, result)``."""
+    from lightning_dp.train import train
+
+    best = None
+    for k in range(num):
+        point = points[int(rng.integers(len(points)))]
+        result = train(_candidate_cfg(cfg, point, p, out, k))
+        curve = _curve(result["privacy_ledger"], p.orders) + p.score_rdp()
+        if np.any(curve > envelope * (1 + 1e-9)):  # cannot happen for TUNABLE models; never publish if it does
+            raise RuntimeError(f"Candidate {k}'s releases exceed the plan's Rényi-DP curve, so the selection's "
+                               "bound does not hold; nothing was published. Report this with the run's config.")
+        score = _score(tc, p, result["datamodule"], result["synthetic"], score_gen)
+        rows.append({"candidate": k, "overrides": json.dumps(point), **score,
+                     "epsilon_candidate": result["privacy_ledger"].epsilon(), "checkpoint": result["checkpoint"],
+                     "synthetic": result["synthetic"]})
+        if best is None or score["score"] > best[0]["score"]:
+            best = (rows[-1], result)
+    return best
 
 
 def _publish(cfg: DictConfig, tc: TuneConfig, p: Plan, ledger: PrivacyLedger, chosen: dict[str, Any],

@@ -2,7 +2,7 @@
 
 Fast: no artefact (checkpoint, synthetic file, ledger.json, metrics, configs, log records) is a deterministic
 function of the data, for the default run (DP-MERF), a DP-SGD run (DP-GAN), a DP-GAN run with private
-importance weights (the weight column and weights.json) and a DP PPEM run (KSD penalty, public log Z). Slow: hundreds of runs on D and
+importance weights (the weight column and weights.json), a DP PPEM run (KSD penalty, public log Z) and GEM's rounds. Slow: hundreds of runs on D and
 D + one planted row, and the ε lower bound from every artefact stays below the claimed ε.
 """
 
@@ -49,7 +49,7 @@ def test_the_planted_row_is_trained_on(files):
     assert np.array_equal(holdout_mask(d, fraction=0.2, seed=0), holdout_mask(p, fraction=0.2, seed=0)[:-1])
 
 
-@pytest.mark.parametrize("config", ["default", "dp_sgd", "weights", "ppem"])
+@pytest.mark.parametrize("config", ["default", "dp_sgd", "weights", "ppem", "gem"])
 def test_no_artefact_is_a_deterministic_function_of_the_data(files, config, single_thread):
     run_d, run_p = _runner(files, config)
     assert find_deterministic_leaks(run_d, run_p) == []
