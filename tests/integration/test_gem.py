@@ -92,3 +92,24 @@ def test_bad_settings_are_refused_before_anything_is_released(tmp_path):
     with pytest.raises(ConfigError, match="steps_per_round"):
         train(make_cfg(tmp_path, *TINY, "model.mechanisms.0.steps_per_round=0"))
     assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.ddp
+def test_two_process_ddp_releases_each_round_once(tmp_path):
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    out = tmp_path / "ddp"
+    proc = subprocess.run([sys.executable, "train.py", *TINY, "trainer=ddp", "trainer.accelerator=cpu",
+                           "trainer.devices=2", "trainer.max_epochs=1", "trainer.enable_progress_bar=false",
+                           f"output_dir={out}"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ledger = json.loads((out / "ledger.json").read_text())
+    released = [r["name"] for r in ledger["releases"]]
+    assert released[:2] == ["data/num_rows", "gem/one_way"] and len(set(released)) == len(released)
+    assert ledger["epsilon"] == pytest.approx(1.0, rel=1e-3)
+    assert json.loads((out / "replicas.json").read_text())["identical"]  # rank 0's releases on every rank
+    model = load_run(out / "checkpoints" / "last.ckpt").model
+    assert bool(model.finished) and 2 * int(model.rounds) == len(released) - 2
