@@ -155,7 +155,7 @@ def check_trainer(cfg: DictConfig, *, sgd: bool) -> None:
                           "arguments; nothing was spent.") from None
     except (MisconfigurationException, ValueError, RuntimeError) as err:
         msg = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise ConfigError(f"Lightning refuses the trainer settings: {msg} Fix trainer.* (e.g. trainer.devices=1); "
+        raise ConfigError(f"Lightning refuses the trainer settings: {msg} Fix them (e.g. trainer=cpu, trainer.devices=1); "
                           "nothing was spent.") from None
     finally:
         for q, level in zip(quiet, levels, strict=True):
@@ -216,6 +216,26 @@ def check_before_release(cfg: DictConfig, schema: object, weighting: object | No
                           "steps itself, which Lightning cannot accumulate. Drop the setting; nothing was spent.")
     if weighting is not None:
         _plan_weights(cfg, weighting, layout)
+
+
+def check_rows_memory(num_rows: float, schema: object) -> None:
+    """The training rows in model space (float32, twice over while encoding) against the machine's memory.
+
+    Needs the row count, so it runs on the DP count just after its release (the refusal then says what was spent,
+    ``train.say_spent``); a schema whose layout a later release decides is checked by its declared part only.
+
+    Raises:
+        ResourceError: with the size and what to change.
+    """
+    from lightning_dp.resources import check_memory
+
+    layout = schema_layout(schema)
+    if layout is None:
+        return
+    width = layout["n_continuous"] + sum(layout["block_sizes"])
+    check_memory(2 * 4 * float(num_rows) * width,
+                 what=f"Encoding about {num_rows:,.0f} training rows (a DP count) × {width:,} model-space columns",
+                 fix="Declare fewer categories (merge rare ones), drop columns, or train on a subsample (data.max_rows)")
 
 
 PLANNING_ROWS = 10_000  # a stand-in for the DP count when planning the weights (their ε does not depend on it)
