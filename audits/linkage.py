@@ -80,7 +80,6 @@ class MatchWeights:
         codes = self._codes(real)
         self.n = len(real)
         self.rates = [np.bincount(codes[:, j]) / self.n for j in range(codes.shape[1])]
-        self.cardinality = [int(codes[:, j].max()) + 2 for j in range(codes.shape[1])]
         return self
 
     def _codes(self, frame: pd.DataFrame) -> np.ndarray:
@@ -91,13 +90,13 @@ class MatchWeights:
                 code = np.searchsorted(self.edges[c], x, side="right")
                 out[:, j] = np.where(np.isfinite(x), code, len(self.edges[c]) + 1)  # missing: its own code
             else:
-                levels = self.levels[c]
-                unseen = len(levels)  # values REAL does not hold share one code
-                out[:, j] = [levels.get(v, unseen) for v in _as_text(frame[c])]
+                levels = self.levels[c]  # a value REAL does not hold gets a code of its own, kept for later frames
+                out[:, j] = [levels.setdefault(v, len(levels)) for v in _as_text(frame[c])]
         return out
 
     def transform(self, frame: pd.DataFrame) -> Coded:
-        """Codes and weights of ``frame``'s rows (values REAL never holds agree by chance at rate 1/(n+1))."""
+        """Codes and weights of ``frame``'s rows (a value REAL never holds agrees by chance at rate 1/(n+1), and
+        only with itself)."""
         codes = self._codes(frame[self.columns])
         u = np.empty(codes.shape)
         for j, rates in enumerate(self.rates):
