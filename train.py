@@ -2,6 +2,7 @@
 
 import logging
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -9,8 +10,10 @@ import hydra
 from omegaconf import DictConfig
 
 EXIT_SIGTERM = 143  # 128 + SIGTERM: stopped, checkpoint saved, resume with resume=last
+EXIT_SIGINT = 130  # 128 + SIGINT: Ctrl-C, the same
 EXIT_USER_ERROR = 2
 _TASK_STARTED = False  # Hydra exits 1 both for a bad command line (before main) and for a crash (in main)
+_INTERRUPTED = False
 
 
 def _check_output_dir(argv: list[str]) -> None:
@@ -57,25 +60,57 @@ def run(cfg: DictConfig, overrides: list[str] | None = None) -> tuple[dict, int]
     return result, code
 
 
+def _on_sigint(signum: int, frame: object) -> None:
+    """Ctrl-C: remembered (Lightning turns it into ``sys.exit(1)`` inside fit), then the usual KeyboardInterrupt."""
+    global _INTERRUPTED
+    _INTERRUPTED = True
+    raise KeyboardInterrupt
+
+
+def _stopped(cfg: DictConfig, how: str, code: int) -> None:
+    """The truth about an interrupted run, and its exit code (130 Ctrl-C, 143 SIGTERM)."""
+    from lightning_dp.errors import python_command
+
+    if cfg.get("tune"):
+        print(f"stopped by {how}. A tuning run cannot be resumed (its candidates are deleted); {cfg.output_dir}/"
+              "ledger.json holds the whole selection's ε, already spent. Start a new run with another output_dir=PATH.",
+              file=sys.stderr)
+    else:
+        print(f"stopped by {how}; the run was saved. Continue it with: {python_command()} train.py "
+              f"output_dir={cfg.output_dir} resume=last", file=sys.stderr)
+    sys.exit(code)
+
+
 @hydra.main(version_base="1.3", config_path=str(Path(__file__).resolve().parent / "configs"), config_name="train")
 def main(cfg: DictConfig) -> None:
     global _TASK_STARTED
     _TASK_STARTED = True
+    from lightning_dp.errors import UserError
+    from lightning_dp.quick_checks import check_quick
+
+    try:  # what the config alone shows is refused before torch loads (seconds, not a minute)
+        check_quick(cfg)
+    except UserError as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(EXIT_USER_ERROR)
     # heavy imports after Hydra has parsed the command line (so --help is quick)
     from hydra.core.hydra_config import HydraConfig
     from pytorch_lightning.utilities.exceptions import SIGTERMException
 
-    from lightning_dp.errors import UserError
-
+    signal.signal(signal.SIGINT, _on_sigint)
     try:
         result, code = run(cfg, overrides=list(HydraConfig.get().overrides.task))
     except UserError as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(EXIT_USER_ERROR)
     except SIGTERMException:
-        print(f"stopped by SIGTERM; the run was saved. Continue it with: python train.py output_dir={cfg.output_dir} "
-              "resume=last", file=sys.stderr)
-        sys.exit(EXIT_SIGTERM)
+        _stopped(cfg, "SIGTERM", EXIT_SIGTERM)
+    except KeyboardInterrupt:
+        _stopped(cfg, "Ctrl-C", EXIT_SIGINT)
+    except SystemExit:
+        if _INTERRUPTED:  # Lightning's exit(1) after a Ctrl-C in fit
+            _stopped(cfg, "Ctrl-C", EXIT_SIGINT)
+        raise
     if result.get("synthetic"):
         print(f"\nPrivacy spent: ε = {result['epsilon']:.4f} (target {cfg.privacy.epsilon}), δ = {result['delta']:g}")
         print(f"  checkpoint : {result['checkpoint']}")
@@ -92,7 +127,7 @@ def main(cfg: DictConfig) -> None:
 
 def cli(argv: list[str]) -> int:
     """``python train.py ARGS``: the exit code (0 done, 1 audit failed or a bug, 2 a user mistake, 4 audit
-    inconclusive, 143 stopped by SIGTERM)."""
+    inconclusive, 130 stopped by Ctrl-C, 143 stopped by SIGTERM; both save the run for ``resume=last``)."""
     global _TASK_STARTED
     _TASK_STARTED = False
     _check_output_dir(argv)

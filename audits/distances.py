@@ -26,6 +26,7 @@ from scipy.special import logsumexp
 from torch import Tensor
 
 log = logging.getLogger(__name__)
+_WARNED_UNSEEN: set[str] = set()  # columns already warned about (categories unseen at fit)
 
 ArrayLike = np.ndarray | Tensor
 _TORCH_TO_NUMPY = {torch.float64: np.float64, torch.float32: np.float32}
@@ -219,7 +220,7 @@ class TabularEncoder:
     indicator column is added. Categorical columns (object, string, category and bool dtypes, or the
     ``categorical_columns`` given) are one-hot encoded over the reference's categories plus a ``NaN``
     category when the reference had missing values; categories never seen in the reference encode as all
-    zeros (a warning is logged).
+    zeros (logged once per column).
 
     Example:
         >>> enc = TabularEncoder().fit(real_df)
@@ -331,9 +332,13 @@ class TabularEncoder:
                 nan = s.isna().to_numpy()
                 if None in cats:
                     codes = np.where(nan, len(cats) - 1, codes)
-                if unseen := int(((codes < 0) & ~nan).sum()):
-                    log.warning(
-                        "column %r: %d values of categories unseen at fit encode as zeros", col, unseen
+                if int(((codes < 0) & ~nan).sum()) and col not in _WARNED_UNSEEN:
+                    _WARNED_UNSEEN.add(col)  # once per column and process: each check re-encodes the frames
+                    log.info(  # not a warning: nothing to act on
+                        "column %r: some values' categories do not occur in the reference rows the distances "
+                        "are fitted on (rare categories); they match no category (all-zero one-hot), so they "
+                        "count as different from every category.",
+                        col,
                     )
                 rows = np.flatnonzero(codes >= 0)
                 out[rows, sl.start + codes[rows]] = 1.0

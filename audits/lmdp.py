@@ -92,7 +92,8 @@ def _check_alpha(alpha: float) -> None:
 
 def _subsample(x: Tensor, max_samples: int | None, gen: torch.Generator, what: str) -> Tensor:
     if max_samples is not None and x.shape[0] > max_samples:
-        log.warning("%s: subsampling %d of %d rows for a quadratic-time test", what, max_samples, x.shape[0])
+        log.info("%s: subsampling %d of %d rows for a quadratic-time test (the policy's max_samples)", what,
+                 max_samples, x.shape[0])
         return x[torch.randperm(x.shape[0], generator=gen)[:max_samples]]
     return x
 

@@ -26,3 +26,14 @@ class StorageError(UserError, OSError):
 
 class RunExistsError(UserError, FileExistsError):
     """The output folder already holds a run (continue it with resume=last, or choose another folder)."""
+
+
+def python_command() -> str:
+    """The interpreter as a command to paste into messages: ``.venv/bin/python`` run from the project root,
+    else its absolute path (a bare ``python`` fails without an activated venv)."""
+    import os
+    import sys
+
+    exe = sys.executable or "python"
+    rel = os.path.relpath(exe) if os.path.isabs(exe) else exe
+    return rel if not rel.startswith("..") else exe

@@ -43,12 +43,14 @@ REGISTRY: dict[str, tuple[str, ...]] = {
         "lightning_dp.models.iw_mmd_gan.IWMMDGenerator",
         "lightning_dp.models.iw_mmd_gan.IWMMDGAN",
         "lightning_dp.models.mmd_gan_ae.MMDGANAE",
+        "lightning_dp.models.gem.GEM",
     ),
     "network": (
         "lightning_dp.nets.generators.ConditionalGenerator",
         "lightning_dp.nets.discriminators.ConditionalDiscriminator",
         "lightning_dp.nets.mmd_nets.ResidualELUGenerator",
         "lightning_dp.nets.mmd_nets.AEDiscriminator",
+        "lightning_dp.nets.marginal_nets.ProductGenerator",
     ),
     "mechanism": (
         "lightning_dp.callbacks.sanitized_embedding.SanitizedEmbedding",
@@ -58,6 +60,7 @@ REGISTRY: dict[str, tuple[str, ...]] = {
         "lightning_dp.callbacks.private_support_points.PrivateSupportPoints",
         "lightning_dp.callbacks.perturbed_histogram.LaplaceHistogram",
         "lightning_dp.callbacks.weight_refresh.WeightRefresh",
+        "lightning_dp.callbacks.adaptive_marginals.AdaptiveMarginals",
     ),
 }
 KINDS = tuple(REGISTRY)

@@ -20,12 +20,13 @@ import logging
 import sys
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from lightning_dp.checkpoint import AtomicCheckpointIO, LoadedRun, data_layout, load_run
 from lightning_dp.errors import EXIT_USER_ERROR, ConfigError, UserError
-from lightning_dp.privacy.ledger import PrivacyLedger
-from lightning_dp.synthetic import write_samples
+from lightning_dp.quick_checks import check_output_file
+
+if TYPE_CHECKING:  # torch and Lightning load on use: a bad command line is refused in a second
+    from lightning_dp.checkpoint import LoadedRun
 
 SUFFIXES = {"tabular": (".csv", ".parquet", ".pq"), "image": (".npz",)}
 
@@ -38,6 +39,8 @@ def sample_checkpoint(checkpoint: str | Path, num_rows: int, out: str | Path, *,
         CheckpointError: unreadable or foreign checkpoint.
         ValueError: a bad row count or an output suffix that does not fit the data kind.
     """
+    from lightning_dp.checkpoint import load_run
+
     if num_rows <= 0:
         raise ValueError(f"--num-rows must be positive, got {num_rows}.")
     return sample_run(load_run(checkpoint), num_rows, out, seed=seed)
@@ -49,6 +52,8 @@ def sample_run(run: LoadedRun, num_rows: int, out: str | Path, *, seed: int | No
     Raises:
         ValueError: a bad row count or an output suffix that does not fit the data kind.
     """
+    from lightning_dp.synthetic import write_samples
+
     if num_rows <= 0:
         raise ValueError(f"--num-rows must be positive, got {num_rows}.")
     kind = run.data_state["kind"]
@@ -78,10 +83,12 @@ def sample_weighted(checkpoint: str | Path, num_rows: int | None, out: str | Pat
     Raises:
         ConfigError, BudgetExceededError, CheckpointError, DataError: refused before anything is released.
     """
+    from lightning_dp.checkpoint import AtomicCheckpointIO, data_layout, load_run
     from lightning_dp.data.datamodule import PrivateDataModule, write_table
     from lightning_dp.data.dp_count import RowCount
     from lightning_dp.io import atomic_write_text
     from lightning_dp.privacy import mechanisms as mech
+    from lightning_dp.privacy.ledger import PrivacyLedger
     from lightning_dp.resume import resume_state
     from lightning_dp.weighting.apply import Weighting, WeightsConfig, weighted_frame
 
@@ -147,15 +154,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--allow-non-private-weights", action="store_true",
                         help="allow logreg/mlp (fitted without DP): the written file is then PRIVATE (the run stays DP)")
     args = parser.parse_args(argv)
+    try:  # before torch loads: a bad --out or row count is refused in a second, with nothing read
+        check_output_file(args.out)
+        if args.num_rows is not None and args.num_rows <= 0:
+            raise ConfigError(f"--num-rows must be positive, got {args.num_rows}.")
+        if args.weights is None and args.num_rows is None:
+            raise ConfigError("--num-rows is required (the number of rows to write).")
+    except UserError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return EXIT_USER_ERROR
     logging.basicConfig(level=logging.WARNING)
     for name in ("pytorch_lightning", "lightning_fabric", "lightning"):  # priv_mlp trains with a Trainer: no banners
         logging.getLogger(name).setLevel(logging.WARNING)
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*")
+    from lightning_dp.progress import tracker
+
     try:
         if args.weights is None:
-            if args.num_rows is None:
-                raise ValueError("--num-rows is required (the number of rows to write).")
-            path = sample_checkpoint(args.checkpoint, args.num_rows, args.out, seed=args.seed)
+            with tracker.session():
+                tracker.stage("sample", total=args.num_rows, unit="rows")
+                path = sample_checkpoint(args.checkpoint, args.num_rows, args.out, seed=args.seed)
             print(f"wrote {args.num_rows} rows to {path}")
             return 0
         weights = {"estimator": args.weights, "epsilon": args.weights_epsilon, "temper": args.temper,

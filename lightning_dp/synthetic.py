@@ -15,6 +15,7 @@ import torch
 
 from lightning_dp.data.datamodule import decode_samples, write_table
 from lightning_dp.io import atomic_write
+from lightning_dp.progress import tracker
 
 
 def write_samples(model: torch.nn.Module, data_state: dict[str, Any], n: int, stem: str | Path,
@@ -49,6 +50,7 @@ def sample_in_chunks(model: Any, n: int, *, seed: int | None = None, chunk: int 
         x, y = model.sample(m, seed=None if seed is None else seed + i)
         xs.append(x.cpu())
         ys.append(y.cpu())
+        tracker.update(i * chunk + m)
     return torch.cat(xs), torch.cat(ys)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 import warnings
 from collections.abc import Sequence
@@ -13,18 +14,27 @@ from typing import Any
 import pytorch_lightning as pl
 from omegaconf import DictConfig, OmegaConf
 
+from lightning_dp.callbacks.progress_lines import ProgressLines
 from lightning_dp.callbacks.run_record import RunRecord, write_run_files
 from lightning_dp.checkpoint import AtomicCheckpointIO
 from lightning_dp.data.datamodule import PrivateDataModule
 from lightning_dp.data.dp_count import RowCount
-from lightning_dp.errors import RunExistsError, StorageError, UserError
+from lightning_dp.errors import RunExistsError, StorageError, UserError, python_command
 from lightning_dp.launch import launch_rank, publish_prefit, wait_for_prefit
 from lightning_dp.models import build_mechanisms, build_model, check_data, minmax_columns
-from lightning_dp.preflight import ConfigError, check_run, check_space, checkpoint_bytes
+from lightning_dp.preflight import (
+    ConfigError,
+    check_before_release,
+    check_rows_memory,
+    check_run,
+    check_space,
+    checkpoint_bytes,
+)
 from lightning_dp.privacy import mechanisms as mech
 from lightning_dp.privacy.coverage import complete_mechanisms
 from lightning_dp.privacy.ledger import BudgetExceededError, PrivacyLedger
 from lightning_dp.privacy.metrics import GuardedCSVLogger, declared_metrics
+from lightning_dp.progress import tracker
 from lightning_dp.resume import resume_config, resume_state
 from lightning_dp.run_log import RunLog
 from lightning_dp.synthetic import write_samples
@@ -34,10 +44,14 @@ log = logging.getLogger(__name__)
 
 
 class _DropTips(logging.Filter):
-    """Lightning's advertisement for a cloud logger, printed on every run."""
+    """Lines Lightning prints on every run that say nothing a user can act on: its advertisement for a cloud
+    logger, "GPU/TPU/HPU available: False" on a CPU machine (a GPU that is there but unused is still shown),
+    and "`Trainer.fit` stopped: `max_epochs=3` reached" (the progress lines and the summary say it)."""
+
+    NOISE = re.compile(r"💡 Tip|(GPU|TPU|HPU|IPU) available: False|`Trainer\.fit` stopped: `max_(epochs|steps)=")
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith("💡 Tip")
+        return not self.NOISE.match(str(record.msg))
 
 
 def quiet_lightning() -> None:
@@ -48,6 +62,12 @@ def quiet_lightning() -> None:
         logger.addFilter(_DropTips())
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*")
     warnings.filterwarnings("ignore", message=r".*does not have many workers.*")
+    # a resumed epoch is as valid as a new one here: DP-SGD's Poisson sampler draws every batch afresh (secret
+    # randomness, accounted per step) and one-shot models train on generated batches; Lightning warns on every
+    # resume of a model with two optimizers (its global step counts both)
+    warnings.filterwarnings("ignore", message=r".*ended before the epoch ended and your dataloader is not resumable.*")
+    # steps_per_epoch below log_every_n_steps (short runs, tests): metrics are still logged at the epoch's end
+    warnings.filterwarnings("ignore", message=r".*is smaller than the logging interval.*")
 
 
 def trainer_options(trainer_cfg: DictConfig) -> dict[str, Any]:
@@ -65,7 +85,7 @@ def advise(cfg: DictConfig, dm: PrivateDataModule) -> None:
         log.warning("model=%s with its default settings is tuned for tabular data; on images it gives poor samples. "
                     "Use a tuned experiment: experiment=dp_merf_mnist, pearl_mnist or dp_cgan_mnist.", cfg.model.name)
     steps = cfg.model.module.get("steps_per_epoch")
-    if steps and cfg.trainer.get("max_epochs"):
+    if steps and cfg.trainer.get("max_epochs") and cfg.model.name != "gem":  # gem releases between its steps
         log.info("%s trains %d generator steps after its one-shot release (post-processing: no further budget).",
                  cfg.model.name, steps * cfg.trainer.max_epochs)
 
@@ -130,20 +150,49 @@ def train(cfg: DictConfig, *, overrides: Sequence[str] | None = None) -> dict[st
     if cfg.get("tune"):  # private hyperparameter selection: candidates are train() runs with tune=null
         from lightning_dp.tuning.tune import tune
 
-        return tune(cfg, overrides=overrides)
+        progress = (cfg.get("callbacks") or {}).get("progress") or {}
+        with tracker.session(every=progress.get("every_seconds"), enabled=progress.get("enabled")):
+            return tune(cfg, overrides=overrides)
     run_log = RunLog()
+    progress = (cfg.get("callbacks") or {}).get("progress") or {}
+    held: dict[str, Any] = {}
     try:
-        return _train(cfg, overrides=overrides, run_log=run_log)
+        with tracker.session(every=progress.get("every_seconds"), enabled=progress.get("enabled")):
+            return _train(cfg, overrides=overrides, run_log=run_log, held=held)
+    except UserError as err:
+        say_spent(err, held.get("ledger"), Path(held.get("output_dir", cfg.output_dir)))
+        raise
     finally:
         run_log.close()
+
+
+def say_spent(err: UserError, ledger: PrivacyLedger | None, out: Path) -> None:
+    """A refusal after a release says what was spent and how to go on (its message is extended in place).
+
+    Every check that needs no private data runs before the first release (``preflight.py``); what is refused
+    after one (a check on the DP count, a DP schema release that finds too little) leaves that release on the
+    ledger, and the user must know it.
+    """
+    if ledger is None or ledger.spent <= 0 or not (out / "ledger.json").exists():
+        return
+    text = str(err.args[0]) if err.args else str(err)
+    if "spent" in text.replace("nothing was spent", ""):
+        return  # the message already says it
+    text = re.sub(r"[;,]? ?[Nn]othing was spent\.?", ".", text).replace("..", ".").rstrip()
+    err.args = (f"{text} This run already spent {ledger.summary()} (recorded in {out / 'ledger.json'}): fix the "
+                f"setting and continue with output_dir={out} resume=last where resume allows that setting to change, "
+                "or start a new run with another output_dir (its budget composes with this one's).", *err.args[1:])
 
 
 def _weighting(cfg: DictConfig) -> Weighting | None:
     """The run's ``weights`` setting, checked (estimator, parameters, model) before any release."""
     if not cfg.get("weights"):
         return None
+    from lightning_dp.data.sources import IMAGES
+
     config = WeightsConfig.from_node(OmegaConf.to_container(cfg.weights, resolve=True))
-    return Weighting(config, layout=None, model_name=cfg.model.name, model_cfg=cfg.model)
+    return Weighting(config, layout=None, model_name=cfg.model.name, model_cfg=cfg.model,
+                     data_kind="image" if cfg.data.name in IMAGES else "tabular")
 
 
 def _reserve_weights(cfg: DictConfig, weighting: Weighting, dm: PrivateDataModule, ledger: PrivacyLedger) -> int:
@@ -187,7 +236,7 @@ def _write_weighted(cfg: DictConfig, weighting: Weighting, model: Any, dm: Priva
     except OSError as err:
         raise StorageError(f"Writing the weighted synthetic data failed ({err.strerror or err}); the weights' budget is "
                            f"spent and on the ledger ({ledger.summary()}). Free space, then weight a new sample with "
-                           f"python -m lightning_dp.sample {record.last_path} --weights ... if budget remains.") from err
+                           f"{python_command()} -m lightning_dp.sample {record.last_path} --weights ... if budget remains.") from err
     log.info("Wrote %d weighted rows to %s: Kish ESS %.1f, PSIS k̂ %.2f (%s); %s", len(sample.weights), path,
              sample.summary["kish_ess"], sample.summary["psis_k"], sample.summary["psis_verdict"], ledger.summary())
     return {"synthetic": str(path), "weights": sample.summary, "epsilon": ledger.spent}
@@ -206,7 +255,8 @@ class _RunFiles:
             self.written = True
 
 
-def _train(cfg: DictConfig, *, overrides: Sequence[str] | None, run_log: RunLog) -> dict[str, Any]:
+def _train(cfg: DictConfig, *, overrides: Sequence[str] | None, run_log: RunLog,
+           held: dict[str, Any]) -> dict[str, Any]:
     resume = _resume_path(cfg)
     if resume is not None:
         cfg = resume_config(cfg, overrides=overrides, checkpoint=resume)
@@ -215,6 +265,9 @@ def _train(cfg: DictConfig, *, overrides: Sequence[str] | None, run_log: RunLog)
     check_run(cfg, out)
     rank = launch_rank()
     ledger = make_ledger(cfg.privacy)
+    held.update(ledger=ledger, output_dir=str(out))  # for the message of a refusal after a release
+    tracker.set_epsilon(lambda: f"ε = {ledger.spent:.4g} of {ledger.target_epsilon:g}")
+    tracker.stage("prepare data (row count and schema releases)")
     data_state, ckpt_path = None, None
     if resume is not None:
         state = resume_state(out, resume)
@@ -237,16 +290,19 @@ def _train(cfg: DictConfig, *, overrides: Sequence[str] | None, run_log: RunLog)
 
         ledger.persist = persist
     weighting = _weighting(cfg)  # its settings are checked before anything is released
-    pl.seed_everything(cfg.seed, workers=True)
+    pl.seed_everything(cfg.seed, workers=True, verbose=False)
     noise_seed = cfg.privacy.get("noise_seed")
     dm = PrivateDataModule(**cfg.data)
     allow = cfg.privacy.get("allow_large_delta", False)
+    public: dict[str, Any] = {}  # the public schema, for the memory check on the DP count
     if rank == 0:  # each pre-training release is saved with its value before use (a kill loses nothing)
         ledger.commit = lambda: publish_prefit(out, ledger=ledger.state_dict(), data=dm.state_dict(), complete=False)
     dm.prepare(ledger, generator=mech.noise_generator(noise_seed), state=data_state,
-               check_rows=lambda count: check_delta(ledger.delta, count, allow_large_delta=allow),
+               check_rows=lambda count: (check_delta(ledger.delta, count, allow_large_delta=allow),
+                                         check_rows_memory(count.value, public.get("schema"))),
                count_budget_fraction=cfg.privacy.get("count_budget_fraction", 0.02),
-               check_schema=lambda schema: check_data(cfg.model, schema),
+               check_schema=lambda schema: (check_data(cfg.model, schema), public.update(schema=schema),
+                                            check_before_release(cfg, schema, weighting if resume is None else None)),
                minmax_columns=lambda schema: minmax_columns(cfg.model, schema))
     ledger.commit = None
     if rank == 0:
@@ -266,7 +322,7 @@ def _train(cfg: DictConfig, *, overrides: Sequence[str] | None, run_log: RunLog)
     mechanisms = complete_mechanisms(cfg, mechanisms, ledger=ledger, datamodule=dm, noise_seed=noise_seed)
     logger = GuardedCSVLogger(str(out), name="logs", declared=lambda: declared_metrics(model))  # declared keys only
     quiet_lightning()
-    trainer = pl.Trainer(**trainer_options(cfg.trainer), default_root_dir=str(out), callbacks=[record, *mechanisms],
+    trainer = pl.Trainer(**trainer_options(cfg.trainer), default_root_dir=str(out), callbacks=[ProgressLines(mechanisms), record, *mechanisms],
                          enable_checkpointing=False, plugins=[AtomicCheckpointIO()], logger=logger)
     fit_kwargs: dict[str, Any] = {"ckpt_path": str(ckpt_path) if ckpt_path else None, "weights_only": True}
     if getattr(model, "uses_private_batches", False):
@@ -288,11 +344,12 @@ def _train(cfg: DictConfig, *, overrides: Sequence[str] | None, run_log: RunLog)
         result.update(_write_weighted(cfg, weighting, model, dm, ledger, record, trainer, num_weighted))
     elif trainer.is_global_zero:
         n = cfg.get("num_samples") or max(round(dm.released_num_rows), 1)  # never the exact count
+        tracker.stage("sample", total=n, unit="rows")
         try:
             result["synthetic"] = write_samples(model, dm.state_dict(), n, out / "synthetic", seed=cfg.seed)
         except OSError as err:
             raise StorageError(f"Writing the synthetic data failed ({err.strerror or err}). The trained run is saved in "
-                               f"{record.last_path}: free space, then sample it with python -m lightning_dp.sample "
+                               f"{record.last_path}: free space, then sample it with {python_command()} -m lightning_dp.sample "
                                f"{record.last_path} --num-rows {n} --out FILE.csv (no budget is spent).") from err
     # for an audit composed at the entry point (train.py): this package never imports audits
     result.update(datamodule=dm, privacy_ledger=ledger, config=config)

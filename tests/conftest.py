@@ -45,5 +45,7 @@ def shared(*parts: str) -> Path:
     """A path in ../shared/data, or skip the test when it is absent."""
     path = SHARED_DATA.joinpath(*parts)
     if not path.exists():
-        pytest.skip(f"shared data set not available at {path}")
+        name = {"mnist-test": "mnist"}.get(parts[0], parts[0]) if parts else "adult cervical mnist"
+        pytest.skip(f"shared data set not available at {path}; fetch it with: .venv/bin/python -m lightning_dp.data "
+                    f"fetch {name}")
     return path

@@ -100,9 +100,11 @@ class RunRecord(Callback):
         """SIGTERM (Lightning raises at a batch boundary) or Ctrl-C: save, so the run resumes where it stopped."""
         if isinstance(exception, SIGTERMException | KeyboardInterrupt):
             self.save(trainer)
-            log.warning("Stopped by %s at step %d; saved %s. Continue with resume=last.",
-                        "SIGTERM" if isinstance(exception, SIGTERMException) else "Ctrl-C", trainer.global_step,
-                        self.last_path)
+            sgd = sum(r.count for r in self.ledger.releases if r.mechanism == "subsampled_gaussian")
+            done = (f"{sgd} DP-SGD steps" if sgd else
+                    f"{trainer.fit_loop.epoch_loop.batch_progress.total.completed} training batches")
+            log.warning("Stopped by %s after %s; saved %s. Continue with resume=last.",
+                        "SIGTERM" if isinstance(exception, SIGTERMException) else "Ctrl-C", done, self.last_path)
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self.write_ledger(trainer)

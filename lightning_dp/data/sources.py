@@ -60,8 +60,13 @@ def _root(root: str | Path | None) -> Path:
 
 def _require(path: Path, what: str) -> Path:
     if not path.exists():
-        raise DataError(f"{what} not found at {str(path)!r}. Point data.root=PATH at the folder holding the "
-                        "shared data sets (it must contain adult/, cervical/, mnist-test/).")
+        from lightning_dp.errors import python_command
+
+        folder = next((p for p in (path.name, path.parent.name) if p in ("adult", "cervical", "mnist-test")), "adult")
+        name = "mnist" if folder == "mnist-test" else folder
+        raise DataError(f"{what} not found at {str(path)!r}. Download it (SHA-256 checked): {python_command()} -m "
+                        f"lightning_dp.data fetch {name} [--root PATH], or point data.root=PATH at the folder holding "
+                        "adult/, cervical/, mnist-test/.")
     return path
 
 

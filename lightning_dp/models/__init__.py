@@ -34,6 +34,7 @@ MODELS = {
     "iw_gmmn": "lightning_dp.models.iw_mmd_gan.IWMMDGenerator",
     "iw_mmd_gan": "lightning_dp.models.iw_mmd_gan.IWMMDGAN",
     "mmd_gan_ae": "lightning_dp.models.mmd_gan_ae.MMDGANAE",
+    "gem": "lightning_dp.models.gem.GEM",
 }
 __all__ = ["MODELS", "NETWORKS", "build_mechanisms", "build_model", "check_data", "check_model_config"]
 

@@ -1,0 +1,186 @@
+"""GEM against its peers AIM and MST (``dpmm``) on the same data, split, evaluator and machine.
+
+Every system runs in its own subprocess (one thread), timed by wall clock with its peak resident memory
+(``ru_maxrss`` of the child). GEM is ``train.py experiment=gem_<data>``; AIM and MST run from ``dpmm`` in a
+separate virtual environment that this script creates (``bench/.peers-venv``, ``pip install dpmm==0.1.9``; never a
+dependency of the project) on the very rows GEM trains on, with the schema's public bounds and categories as their
+domain and uniform bins on those bounds, so neither spends budget on preprocessing. Each synthetic table
+(``--num-rows``) is scored with the 10-classifier train-on-synthetic/test-on-real protocol (``audits.utility.tstr``,
+preset ``pearl``: ROC-AUC from hard labels and from scores, averaged over the classifiers) and the average 2-way
+marginal total variation against the real held-out rows (``audits.fidelity.two_way_marginal_error`` / 2, numeric
+columns in 10 real-quantile bins).
+
+``--validate`` trains on 80% of the training split and scores on the other 20% (the test split is never read):
+for choosing settings. Without it, the UCI test split is the reference.
+
+    python bench/peers.py --data adult --systems gem aim mst --seeds 0 1 2 [--aim-rounds 48] [--validate]
+                          [--set model.module.bins=16 ...] [--markdown docs/results.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parents[1]
+PEERS_VENV = ROOT / "bench" / ".peers-venv"
+DPMM = "dpmm==0.1.9"
+MISSING = "<missing>"
+ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
+
+
+def run_child(cmd: list[str], *, log: Path) -> tuple[float, float]:
+    """Run ``cmd`` (one thread), return (wall seconds, peak RSS in MiB); raise with the log's tail on failure."""
+    env = {**os.environ, **ONE_THREAD, "PYTHONPATH": str(ROOT)}
+    start = time.perf_counter()
+    with log.open("w") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+        _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - start
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise RuntimeError(f"{' '.join(cmd[:4])} ... failed; see {log}:\n" + "".join(log.read_text().splitlines(True)[-15:]))
+    return wall, usage.ru_maxrss / 1024
+
+
+def peers_python() -> Path:
+    """The peers' interpreter, creating ``bench/.peers-venv`` with dpmm on first use."""
+    python = PEERS_VENV / "bin" / "python"
+    if not python.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(PEERS_VENV)], check=True)
+        subprocess.run([str(python), "-m", "pip", "install", "-q", DPMM], check=True)
+    return python
+
+
+def data_overrides(data: str, validate: bool, folder: Path) -> list[str]:
+    from bench.reproduce import compose_cfg, validation_overrides
+
+    base = [f"experiment=gem_{data}"]
+    return base + (validation_overrides(compose_cfg(base), folder) if validate else [])
+
+
+def real_rows(overrides: list[str]) -> tuple[pd.DataFrame, pd.DataFrame, Any]:
+    """The training rows GEM sees and the held-out reference (the data module's own splits; nothing released)."""
+    from bench.reproduce import compose_cfg
+    from lightning_dp.data.datamodule import PrivateDataModule
+    from lightning_dp.privacy import mechanisms as mech
+    from lightning_dp.privacy.ledger import PrivacyLedger
+
+    cfg = compose_cfg(overrides)
+    dm = PrivateDataModule(**cfg.data)
+    dm.prepare(PrivacyLedger(target_epsilon=1e6, delta=1e-5), generator=mech.noise_generator(0), private_use=True)
+    return dm.train_frame, dm.holdout, dm.encoder.schema
+
+
+def peer_inputs(train: pd.DataFrame, schema: Any, folder: Path) -> tuple[Path, Path]:
+    """The training rows as the peers read them (missing categories as a category) and their public domain."""
+    frame, columns = train.copy(), {}
+    for c in schema.columns:
+        if c.type == "categorical":
+            cats = list(c.categories) + ([MISSING] if c.missing else [])
+            frame[c.name] = frame[c.name].astype(object).where(frame[c.name].notna(), MISSING).astype(str)
+            columns[c.name] = {"categories": cats}
+        else:
+            columns[c.name] = {"lower": float(c.bounds[0]), "upper": float(c.bounds[1]), "integer": bool(c.integer)}
+    path, domain = folder / "peers_train.csv", folder / "peers_domain.json"
+    frame.to_csv(path, index=False)
+    domain.write_text(json.dumps({"columns": columns}))
+    return path, domain
+
+
+def score(synth: pd.DataFrame, test: pd.DataFrame, schema: Any, seed: int) -> dict[str, float]:
+    from audits.fidelity import two_way_marginal_error
+    from audits.utility import tstr
+
+    cats = [c.name for c in schema.columns if c.type == "categorical"]
+    for c in cats:
+        synth[c] = synth[c].astype(object).where(synth[c].astype(str) != MISSING, np.nan)
+    res = tstr(synth[test.columns], test, label=schema.label, classifiers="pearl", seed=seed,
+               categorical=[c for c in cats if c != schema.label])
+    avg = res.summary["average"]
+    tv = two_way_marginal_error(test, synth[test.columns], categorical=cats)["mean"] / 2
+    return {"roc_hard": float(avg["roc_auc_hard"]), "roc_score": float(avg["roc_auc"]), "tv2": float(tv)}
+
+
+def run_system(system: str, seed: int, args: argparse.Namespace, overrides: list[str], peer_files: tuple[Path, Path],
+               folder: Path) -> tuple[pd.DataFrame, float, float]:
+    out = folder / f"{system}_{seed}"
+    out.mkdir(parents=True, exist_ok=True)
+    if system == "gem":
+        cmd = [sys.executable, "train.py", *overrides, f"seed={seed}", f"output_dir={out / 'run'}",
+               f"num_samples={args.num_rows}", f"privacy.epsilon={args.epsilon}", f"privacy.delta={args.delta}",
+               "trainer.enable_progress_bar=false", *args.set]
+        wall, rss = run_child(cmd, log=out / "log.txt")
+        return pd.read_csv(out / "run" / "synthetic.csv"), wall, rss
+    train_csv, domain = peer_files
+    cmd = [str(peers_python()), "bench/peers_worker.py", "--model", system, "--train", str(train_csv), "--domain",
+           str(domain), "--epsilon", str(args.epsilon), "--delta", str(args.delta), "--num-rows", str(args.num_rows),
+           "--seed", str(seed), "--bins", str(args.peer_bins), "--out", str(out / "synthetic.csv")]
+    if system == "aim" and args.aim_rounds:
+        cmd += ["--rounds", str(args.aim_rounds)]
+    wall, rss = run_child(cmd, log=out / "log.txt")
+    return pd.read_csv(out / "synthetic.csv"), wall, rss
+
+
+def fmt(values: list[float], digits: int = 3) -> str:
+    if len(values) == 1:
+        return f"{values[0]:.{digits}f}"
+    return f"{np.mean(values):.{digits}f} ± {np.std(values, ddof=1):.{digits}f}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", default="adult", choices=["adult", "cervical"])
+    parser.add_argument("--systems", nargs="+", default=["gem", "aim", "mst"], choices=["gem", "aim", "mst"])
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    parser.add_argument("--epsilon", type=float, default=1.0)
+    parser.add_argument("--delta", type=float, default=1e-5)
+    parser.add_argument("--num-rows", type=int, default=11000)
+    parser.add_argument("--aim-rounds", type=int, default=48, help="AIM's T (0: dpmm's default, 16 per column)")
+    parser.add_argument("--peer-bins", type=int, default=32)
+    parser.add_argument("--validate", action="store_true", help="score on a validation carve of the training split")
+    parser.add_argument("--set", nargs="*", default=[], help="extra overrides for GEM's train.py")
+    parser.add_argument("--out", default=None, help="keep the runs here (default: a temporary folder)")
+    args = parser.parse_args()
+
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(args.out or tmp)
+        folder.mkdir(parents=True, exist_ok=True)
+        overrides = data_overrides(args.data, args.validate, folder / "validation")
+        train, test, schema = real_rows(overrides)
+        peer_files = peer_inputs(train, schema, folder) if set(args.systems) - {"gem"} else (Path(), Path())
+        where = "validation carve (20% of the training split)" if args.validate else "test split"
+        print(f"== {args.data}: {len(train):,} training rows, {len(test):,} real rows scored ({where}); "
+              f"{args.num_rows:,} synthetic rows; ε = {args.epsilon:g}, δ = {args.delta:g}; seeds {args.seeds}; "
+              f"one thread per system; GEM overrides {args.set or 'none'}", flush=True)
+        real = score(train.copy(), test, schema, 0)
+        print(f"  real training rows: ROC hard {real['roc_hard']:.3f}, score {real['roc_score']:.3f}, "
+              f"2-way TV {real['tv2']:.3f}", flush=True)
+        rows: dict[str, dict[str, list[float]]] = {}
+        for system in args.systems:
+            for seed in args.seeds:
+                synth, wall, rss = run_system(system, seed, args, overrides, peer_files, folder)
+                s = score(synth, test, schema, seed)
+                for k, v in {**s, "wall": wall, "rss": rss}.items():
+                    rows.setdefault(system, {}).setdefault(k, []).append(v)
+                print(f"  {system} seed {seed}: ROC hard {s['roc_hard']:.3f}, score {s['roc_score']:.3f}, 2-way TV "
+                      f"{s['tv2']:.3f}; {wall:.0f} s, peak {rss:.0f} MiB", flush=True)
+        label = {"gem": "GEM (ours)", "aim": f"AIM-{args.aim_rounds or 'default'} (dpmm)", "mst": "MST (dpmm)"}
+        print("\n| system | ROC hard | ROC score | 2-way TV | wall s | peak MiB |\n|---|---|---|---|---|---|")
+        print(f"| real training rows | {real['roc_hard']:.3f} | {real['roc_score']:.3f} | {real['tv2']:.3f} | | |")
+        for system, v in rows.items():
+            print(f"| {label[system]} | {fmt(v['roc_hard'])} | {fmt(v['roc_score'])} | {fmt(v['tv2'])} | "
+                  f"{fmt(v['wall'], 0)} | {fmt(v['rss'], 0)} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,254 @@
+"""Adaptive select–measure rounds of noisy marginals (AIM's loop) for a generator fitted between rounds (GEM).
+
+"AIM: An Adaptive and Iterative Mechanism for Differentially Private Synthetic Data" (McKenna et al. 2022),
+Alg. 1, with the generator of "Iterative Methods for Private Synthetic Data" (Liu, Vietri & Wu 2021) as the model.
+This callback is the only code of a ``model=gem`` run that reads private rows.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import secrets
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from pytorch_lightning import Callback, LightningModule, Trainer
+from torch import Tensor
+
+from lightning_dp.checkpoint import CheckpointError
+from lightning_dp.errors import ConfigError
+from lightning_dp.privacy import marginals as mg
+from lightning_dp.privacy import mechanisms as mech
+from lightning_dp.privacy.ledger import PrivacyLedger, Release
+
+log = logging.getLogger(__name__)
+
+ONE_WAY = "gem/one_way"
+ROUND = "gem/round_{:04d}/{}"
+
+
+class AdaptiveMarginals(Callback):
+    """AIM's rounds for a :class:`~lightning_dp.models.gem.GEM` module: select a badly fitted marginal, measure it.
+
+    Budget (zCDP, composed on the run's ledger as RDP curves linear in the order α): ρ is the largest zCDP budget
+    that the ledger's other releases (the row count, reservations) leave within the run's (ε, δ), found once with
+    the ledger's own calibration. With T = ``rounds`` (AIM's 16 per column when null):
+
+    1. ``gem/one_way``: every column's 1-way marginal, each with Gaussian noise σ₀ = √(T / (2·0.9·ρ)) (noise
+       multiplier; std σ₀·Δ₁ in counts). One release of C marginals, L2 sensitivity Δ = √C·Δ₁ with Δ₁ = 1
+       under add/remove (a row adds one count to one cell of each) and √2 under replace-one (one cell −1,
+       another +1): ``privacy.marginals.gaussian_l2_sensitivity``.
+    2. each round t (every ``steps_per_round`` training steps): ``select`` one workload marginal r with the
+       exponential mechanism on AIM's score ``w_r (||M_r(D) − M_r(Ĝ)||₁ − √(2/π) σ_t Δ₁ n_r)``, sensitivity
+       ``max_r w_r · Δ_L1`` (``score_sensitivity``: ||M_r(D)||₁ moves by 1 (add/remove) or 2 (replace-one);
+       the model's answers are post-processing), accounted as ``min(α ε_t²/8, ε_t)`` (bounded range,
+       ``exponential_rdp``); then ``measure`` it with Gaussian noise of multiplier σ_t (Δ₂ = Δ₁, one marginal).
+       A round costs ρ_t = 1/(2σ_t²) + ε_t²/8 = ρ/T at the start. When the fitted model moved by less than the
+       noise's expected size on the last measured marginal, σ halves and ε doubles (AIM's annealing); when
+       less than two rounds' cost is left, the last round spends all of it.
+
+    The number of rounds is a function of ρ, T and the annealing decisions, which are post-processing of
+    releases: no count of private rows is ever used outside a mechanism. After the last round the module
+    trains ``final_steps`` more steps and the trainer stops.
+
+    Order and durability: each round's releases are recorded and their values stored in the module inside one
+    :meth:`PrivacyLedger.durable` block, so the checkpoint holding them and the ledger are on disk before a
+    training step uses them; a resumed run continues from the module's counters and refuses a checkpoint that
+    is behind its ledger. Under DDP every rank computes its shard's exact marginals, they are summed once, and
+    rank 0's selection and noise are broadcast, so each release happens once.
+
+    Args:
+        ledger: the run's ledger.
+        datamodule: the private data (``private_batches``, ``released_num_rows``).
+        rounds: T, AIM's round budget divisor; ``null`` = 16 per column (AIM's default).
+        selection_fraction: share of a round's ρ for the selection (AIM: 0.1).
+        steps_per_round: training steps between rounds (the fit to all measurements so far).
+        final_steps: training steps after the last round.
+        chunk_size: rows per streamed chunk of the count pass.
+        noise_seed: fix the noise (tests only); default OS entropy.
+    """
+
+    def __init__(self, *, ledger: PrivacyLedger, datamodule: Any, rounds: int | None = None,
+                 selection_fraction: float = 0.1, steps_per_round: int = 50, final_steps: int = 2000,
+                 chunk_size: int = 65536, noise_seed: int | None = None) -> None:
+        self.check_settings({"rounds": rounds, "selection_fraction": selection_fraction,
+                             "steps_per_round": steps_per_round, "final_steps": final_steps, "chunk_size": chunk_size})
+        self.ledger, self.datamodule = ledger, datamodule
+        self.rounds, self.selection_fraction = rounds, float(selection_fraction)
+        self.steps_per_round, self.final_steps, self.chunk_size = steps_per_round, final_steps, chunk_size
+        self.noise_seed = noise_seed
+        self._exact: dict[mg.Clique, Tensor] = {}  # private: never leaves this object
+        self._gen: torch.Generator | None = None
+
+    @staticmethod
+    def check_settings(node: Mapping[str, Any]) -> None:
+        """The mechanism's settings (a config node), checked before any release.
+
+        Raises:
+            ConfigError: the first setting out of range.
+        """
+        for key in ("steps_per_round", "chunk_size"):
+            value = node.get(key, 1)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"AdaptiveMarginals (model.mechanisms): {key} must be a whole number >= 1, got "
+                                  f"{value!r}.")
+        final = node.get("final_steps", 0)
+        if isinstance(final, bool) or not isinstance(final, int) or final < 0:
+            raise ConfigError(f"AdaptiveMarginals: final_steps must be a whole number >= 0, got {final!r}.")
+        rounds = node.get("rounds")
+        if rounds is not None and (isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1):
+            raise ConfigError(f"AdaptiveMarginals: rounds must be null (16 per column, AIM's default) or a whole "
+                              f"number >= 1, got {rounds!r}.")
+        frac = node.get("selection_fraction", 0.1)
+        if isinstance(frac, bool) or not isinstance(frac, int | float) or not 0 < frac < 1:
+            raise ConfigError(f"AdaptiveMarginals: selection_fraction must be in (0, 1) (AIM: 0.1), got {frac!r}.")
+
+    # ---------------------------------------------------------------- hooks
+    def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._gen = mech.noise_generator(self._shared_seed(trainer))
+        measured = sum(1 for r in self.ledger.releases if r.name.startswith("gem/round_") and r.name.endswith("/measure"))
+        if pl_module.is_released():
+            if not self.ledger.has(ONE_WAY) or measured != int(pl_module.rounds):
+                raise RuntimeError(f"The checkpoint holds {int(pl_module.rounds)} measured rounds but its ledger lists "
+                                   f"{measured}: the checkpoint is inconsistent and cannot be trusted. Start a new run.")
+            log.info("Resuming after %d rounds of released marginals; nothing is released again.", measured)
+        elif self.ledger.has(ONE_WAY):
+            raise CheckpointError("The ledger lists released marginals but this checkpoint has none: it is older than "
+                                  "the release. Resume from the run's checkpoints/last.ckpt, or start a new run.")
+        self._exact = self._exact_marginals(trainer, pl_module)
+        if not pl_module.is_released():
+            with self.ledger.durable():
+                self._release_one_way(trainer, pl_module)
+
+    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
+        step = trainer.global_step
+        if bool(pl_module.finished):
+            if step - int(pl_module.finish_step) >= self.final_steps:
+                trainer.should_stop = True
+            return
+        if step - int(pl_module.round_step) >= self.steps_per_round:
+            with self.ledger.durable():
+                self._round(trainer, pl_module)
+
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if not bool(pl_module.finished):
+            log.warning("Training ended after %d rounds with zCDP ρ = %.4g of %.4g unspent; raise trainer.max_epochs "
+                        "or model.module.steps_per_epoch to use the whole budget.", int(pl_module.rounds),
+                        float(pl_module.rho_total - pl_module.rho_used), float(pl_module.rho_total))
+        self._exact = {}
+
+    # ---------------------------------------------------------------- the private pass
+    def _exact_marginals(self, trainer: Trainer, module: Any) -> dict[mg.Clique, Tensor]:
+        """Exact counts of every 1-way and workload marginal (private; kept in this object only)."""
+        cliques = [(c,) for c in range(len(module.levels))] + list(module.cliques)
+        totals = [torch.zeros(mg.clique_size(c, module.levels), dtype=torch.float64) for c in cliques]
+        rank, world = trainer.global_rank, trainer.world_size
+        for x, y in self.datamodule.private_batches(chunk_size=self.chunk_size, rank=rank, world_size=world):
+            codes = module.discretise(x, y).cpu()
+            for total, counts in zip(totals, mg.marginal_counts(codes, cliques, module.levels)):
+                total += counts
+        if world > 1 and dist.is_available() and dist.is_initialized():
+            flat = torch.cat(totals).to(module.device)
+            dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+            totals = list(torch.split(flat.cpu(), [len(t) for t in totals]))
+        return dict(zip(cliques, totals))
+
+    # ---------------------------------------------------------------- releases
+    def _release_one_way(self, trainer: Trainer, module: Any) -> None:
+        columns = len(module.levels)
+        rounds = self.rounds or 16 * columns
+        rho = self._rho_budget()
+        sigma, epsilon = mg.round_parameters(rho, rounds, selection_fraction=self.selection_fraction)
+        delta_1 = mg.gaussian_l2_sensitivity(1, adjacency=self.ledger.adjacency)
+        sens = mg.gaussian_l2_sensitivity(columns, adjacency=self.ledger.adjacency)
+        multiplier = sigma / math.sqrt(columns)  # std σ·Δ₁ per cell = multiplier · Δ
+        if columns / (2 * sigma**2) > rho:
+            raise ConfigError(f"model=gem: the 1-way marginals alone would spend more than the budget with rounds="
+                              f"{rounds}; raise model.mechanisms[0].rounds. Nothing was released.")
+        self.ledger.record(Release(
+            name=ONE_WAY, mechanism="gaussian", sensitivity=sens, noise_multiplier=multiplier,
+            note=f"the {columns} 1-way marginals, N(0, (σ₀Δ₁)²) per cell, σ₀ = {sigma:.4g}; Δ = √{columns}·Δ₁ "
+                 f"(a row is in one cell of each, {self.ledger.adjacency})"))
+        noisy = [mech.gaussian_noise(self._exact[(c,)], sensitivity=delta_1, noise_multiplier=sigma,
+                                     generator=self._gen) for c in range(columns)]
+        noisy = self._broadcast(trainer, noisy)
+        module.num_rows.fill_(max(float(self.datamodule.released_num_rows), 1.0))
+        for c, values in enumerate(noisy):
+            module.add_measurement((c,), values, sigma * delta_1)
+        module.rho_total.fill_(rho)
+        module.rho_used.fill_(columns / (2 * sigma**2))
+        module.round_sigma.fill_(sigma)
+        module.round_epsilon.fill_(epsilon)
+        module.round_step.fill_(trainer.global_step)
+        log.info("Released the %d 1-way marginals (σ₀ = %.4g); zCDP budget ρ = %.4g for T = %d rounds; %s", columns,
+                 sigma, rho, rounds, self.ledger.summary())
+
+    def _rho_budget(self) -> float:
+        """The largest zCDP ρ (an RDP curve α·ρ) the ledger can still take, with a margin for rounding."""
+        def planned(multiplier: float) -> list[Release]:
+            return [Release(name="gem/budget", mechanism="gaussian", sensitivity=1.0, noise_multiplier=multiplier)]
+
+        return (1.0 - 1e-6) / (2.0 * self.ledger.calibrate(planned) ** 2)
+
+    def _round(self, trainer: Trainer, module: Any) -> None:
+        t = int(module.rounds) + 1
+        delta_1 = mg.gaussian_l2_sensitivity(1, adjacency=self.ledger.adjacency)
+        sigma, epsilon = float(module.round_sigma), float(module.round_epsilon)
+        if int(module.pending_clique) >= 0:  # AIM's annealing, on the model fitted since the last measurement
+            clique = module.cliques[int(module.pending_clique)]
+            after = module.answers([clique])[0].cpu()
+            if mg.anneal(module.pending_before.cpu(), after, sigma=sigma * delta_1,
+                         cells=mg.clique_size(clique, module.levels)):
+                sigma, epsilon = sigma / 2, epsilon * 2
+        left = float(module.rho_total - module.rho_used)
+        final = left < 2 * mg.round_cost(sigma, epsilon)
+        if final:  # the last round spends what is left (AIM, Alg. 1, line 15)
+            sigma = math.sqrt(1 / (2 * (1 - self.selection_fraction) * left))
+            epsilon = math.sqrt(8 * self.selection_fraction * left)
+        answers = module.answers(module.cliques)
+        cells = torch.tensor([float(mg.clique_size(c, module.levels)) for c in module.cliques], dtype=torch.float64)
+        errors = torch.stack([(self._exact[c] - a.cpu()).abs().sum() for c, a in zip(module.cliques, answers)])
+        weights = torch.tensor(module.weights, dtype=torch.float64)
+        scores = mg.selection_scores(errors, sigma=sigma * delta_1, cells=cells, weights=weights)
+        sens_select = mg.score_sensitivity(module.weights, adjacency=self.ledger.adjacency)
+        orders = self.ledger.orders
+        self.ledger.record(Release(
+            name=ROUND.format(t, "select"), mechanism="rdp_curve", sensitivity=sens_select,
+            rdp_values=tuple(mg.exponential_rdp(orders, epsilon=epsilon)), rdp_orders=orders,
+            note=f"exponential mechanism over {len(scores)} marginals, ε = {epsilon:.4g}, Δ = {sens_select:g} "
+                 "(AIM's score); bounded range: min(αε²/8, ε)"))
+        chosen = mech.exponential_mechanism(scores, epsilon=epsilon, sensitivity=sens_select, generator=self._gen)
+        clique = module.cliques[chosen]
+        self.ledger.record(Release(
+            name=ROUND.format(t, "measure"), mechanism="gaussian", sensitivity=delta_1, noise_multiplier=sigma,
+            note=f"the marginal of columns {list(clique)} ({mg.clique_size(clique, module.levels)} cells)"))
+        noisy = mech.gaussian_noise(self._exact[clique], sensitivity=delta_1, noise_multiplier=sigma,
+                                    generator=self._gen)
+        chosen, noisy = self._broadcast(trainer, (chosen, noisy))
+        clique = module.cliques[chosen]
+        module.add_measurement(clique, noisy, sigma * delta_1)
+        module.pending_clique.fill_(chosen)
+        module.pending_before = answers[chosen].to(module.pending_before.device)
+        module.rho_used += mg.round_cost(sigma, epsilon)
+        module.round_sigma.fill_(sigma)
+        module.round_epsilon.fill_(epsilon)
+        module.rounds.fill_(t)
+        module.round_step.fill_(trainer.global_step)
+        if final:
+            module.finished.fill_(True)
+            module.finish_step.fill_(trainer.global_step)
+        log.info("Round %d: measured the marginal of columns %s (σ = %.4g, ε_select = %.4g)%s; %s", t, list(clique),
+                 sigma, epsilon, ", the last" if final else "", self.ledger.summary())
+
+    # ---------------------------------------------------------------- DDP
+    def _shared_seed(self, trainer: Trainer) -> int:
+        seed = self.noise_seed if self.noise_seed is not None else secrets.randbits(62)
+        return int(trainer.strategy.broadcast(seed, src=0)) if trainer.world_size > 1 else seed
+
+    @staticmethod
+    def _broadcast(trainer: Trainer, value: Any) -> Any:
+        """Rank 0's released values on every rank (one release, whatever each rank drew)."""
+        return trainer.strategy.broadcast(value, src=0) if trainer.world_size > 1 else value

@@ -1,0 +1,325 @@
+"""GEM: a generator network fitted to adaptively selected, noisy marginals of discretised columns.
+
+"Iterative Methods for Private Synthetic Data: Unifying Framework and New Methods" (Liu, Vietri & Wu 2021) keeps
+the select–measure–generate loop of AIM ("AIM: An Adaptive and Iterative Mechanism for Differentially Private
+Synthetic Data", McKenna et al. 2022) and replaces its graphical model by a generator network. The selection and
+measurement are a mechanism (``callbacks/adaptive_marginals.py``); this module holds the released measurements,
+fits the network to them by gradient descent (post-processing) and samples rows.
+
+Discretisation (public: a function of the schema's declared bounds and this module's settings, never of rows):
+each categorical block (a categorical column, or a continuous column's observed/missing indicator) is a column
+of its categories; the label is the last column; a continuous column whose integer values number at most
+``bins`` has one level per value, any other continuous column has ``bins`` equal-width bins on its public range
+plus a level for each bound exactly (a "spike": 0 capital gain, a top-coded maximum, an imputed missing value).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.utils.data import DataLoader
+
+from lightning_dp.checkpoint import CheckpointError
+from lightning_dp.errors import ConfigError
+from lightning_dp.models.base import GeneratorModule
+from lightning_dp.privacy.marginals import Clique, clique_size, product_marginal, workload
+
+MAX_CLIQUE_CELLS = 2**22  # cells of the largest workload marginal (8 bytes a cell, several copies in memory)
+# variable-size buffers: their size is known only after the releases (``_load_from_state_dict``)
+GROWING = ("meas_cliques", "meas_sigma", "meas_offsets", "meas_values", "pending_before")
+
+
+@dataclass(frozen=True)
+class Discretisation:
+    """How each continuous column maps to levels: ``exact`` (one level per integer value) or binned."""
+
+    levels: tuple[int, ...]  # levels of every column: continuous, then blocks, then the label
+    exact: tuple[bool, ...]  # per continuous column
+    bins: int
+
+    @classmethod
+    def of(cls, *, n_continuous: int, block_sizes: Sequence[int], num_classes: int,
+           continuous_units: Sequence[float] | None, bins: int) -> Discretisation:
+        units = list(continuous_units) if continuous_units is not None else [0.0] * n_continuous
+        exact, levels = [], []
+        for unit in units:
+            values = round(1.0 / unit) + 1 if unit > 0 else 0  # integer values in the public range
+            exact.append(0 < values <= bins)
+            levels.append(values if 0 < values <= bins else bins + 2)
+        levels += [int(b) for b in block_sizes] + ([int(num_classes)] if num_classes > 1 else [])
+        return cls(tuple(levels), tuple(exact), int(bins))
+
+    @property
+    def n_continuous(self) -> int:
+        return len(self.exact)
+
+    def codes(self, x: Tensor, y: Tensor, block_sizes: Sequence[int], num_classes: int) -> Tensor:
+        """The level of every column of each model-space row ``(x, y)``, shape (B, C) int64."""
+        cols = []
+        for j, exact in enumerate(self.exact):
+            v = x[:, j].double()
+            if exact:
+                cols.append((v * (self.levels[j] - 1)).round().long().clamp(0, self.levels[j] - 1))
+            else:
+                inner = 1 + (v * self.bins).floor().long().clamp(0, self.bins - 1)
+                cols.append(torch.where(v <= 0, 0, torch.where(v >= 1, self.bins + 1, inner)))
+        offset = self.n_continuous
+        for size in block_sizes:
+            cols.append(x[:, offset : offset + size].argmax(1))
+            offset += size
+        if num_classes > 1:
+            cols.append(y.long())
+        return torch.stack(cols, 1) if cols else torch.zeros(len(x), 0, dtype=torch.long)
+
+    def values(self, codes: Tensor) -> Tensor:
+        """Model-space continuous values (B, n_continuous) of levels: the value, the bound, or uniform in a bin."""
+        out = torch.empty(codes.shape[0], self.n_continuous, dtype=torch.float32, device=codes.device)
+        for j, exact in enumerate(self.exact):
+            c = codes[:, j].float()
+            if exact:
+                out[:, j] = c / max(self.levels[j] - 1, 1)
+            else:
+                inner = (c - 1 + torch.rand_like(c)) / self.bins
+                out[:, j] = torch.where(c == 0, 0.0, torch.where(c == self.bins + 1, 1.0, inner))
+        return out
+
+
+class GEM(GeneratorModule):
+    """A product-of-softmaxes generator fitted to released marginals (GEM, Liu, Vietri & Wu 2021, Alg. 1).
+
+    The mechanism stores each release here (:meth:`add_measurement`): a clique of columns, its noisy counts and
+    their noise scale. A training step draws ``batch_size`` latent vectors, computes every measured clique's
+    marginal under the generator's mixture of products (``product_marginal``) and minimises the Gaussian
+    negative log-likelihood of the measurements, ``Σ_r ||n̂ q_r(G) − y_r||² / (2 s_r²)`` (GEM's loss with the
+    weights of Private-PGM's estimator; repeated measurements of a clique are pooled, which leaves it unchanged
+    up to a constant). ``n̂`` is the run's released row count. Everything here is post-processing.
+
+    Args:
+        generator: a :class:`~lightning_dp.nets.marginal_nets.ProductGenerator` over :meth:`levels`.
+        n_continuous, block_sizes, num_classes, continuous_units: the data layout (public).
+        bins: bins of a continuous column with more than ``bins`` integer values (or a real-valued one).
+        degree: the workload: all 2-way (default) or 3-way marginals.
+        target_weight: weight of the workload's marginals that hold the label (AIM's c_r).
+        target_triples: with ``degree = 2``, also every triple that holds the label.
+        batch_size: latent draws per training step.
+        steps_per_epoch: training steps per epoch.
+        lr: Adam's learning rate.
+    """
+
+    tabular_only = True
+    public_metrics = {
+        "train/fit_loss": "generated marginals against the released measurements (post-processing)",
+        "train/rounds": "rounds of released selections and measurements so far (a function of the releases)",
+    }
+
+    def __init__(self, generator: nn.Module, *, n_continuous: int, block_sizes: Sequence[int] = (),
+                 num_classes: int = 1, continuous_units: Sequence[float] | None = None, bins: int = 32,
+                 degree: int = 2, target_weight: float = 1.0, target_triples: bool = False, batch_size: int = 1024,
+                 steps_per_epoch: int = 1000, lr: float = 1e-3) -> None:
+        super().__init__()
+        check_settings(bins=bins, degree=degree, target_weight=target_weight, batch_size=batch_size,
+                       steps_per_epoch=steps_per_epoch, lr=lr)
+        self.save_hyperparameters(ignore=["generator"])
+        self.generator = generator
+        self.block_sizes = [int(b) for b in block_sizes]
+        self.init_label_buffer(num_classes)
+        self.discretisation = Discretisation.of(n_continuous=n_continuous, block_sizes=self.block_sizes,
+                                                num_classes=num_classes, continuous_units=continuous_units, bins=bins)
+        if list(generator.level_sizes) != list(self.levels):
+            raise ValueError(f"The generator's levels {generator.level_sizes} are not the module's {self.levels}.")
+        target = len(self.levels) - 1 if num_classes > 1 else None
+        self.cliques, self.weights = workload(len(self.levels), degree=degree, target=target,
+                                              target_weight=target_weight, target_triples=target_triples)
+        # the released measurements: clique (padded with -1), noise scale in counts, flat noisy counts
+        self.register_buffer("meas_cliques", torch.zeros(0, 3, dtype=torch.long))
+        self.register_buffer("meas_sigma", torch.zeros(0, dtype=torch.float64))
+        self.register_buffer("meas_offsets", torch.zeros(1, dtype=torch.long))
+        self.register_buffer("meas_values", torch.zeros(0, dtype=torch.float64))
+        self.register_buffer("num_rows", torch.tensor(1.0, dtype=torch.float64))  # the released row count
+        # the mechanism's schedule (AIM Alg. 1), in the checkpoint with the measurements it led to
+        self.register_buffer("rho_total", torch.tensor(0.0, dtype=torch.float64))
+        self.register_buffer("rho_used", torch.tensor(0.0, dtype=torch.float64))
+        self.register_buffer("round_sigma", torch.tensor(0.0, dtype=torch.float64))
+        self.register_buffer("round_epsilon", torch.tensor(0.0, dtype=torch.float64))
+        self.register_buffer("rounds", torch.tensor(0, dtype=torch.long))
+        self.register_buffer("round_step", torch.tensor(0, dtype=torch.long))
+        self.register_buffer("finished", torch.tensor(False))
+        self.register_buffer("finish_step", torch.tensor(0, dtype=torch.long))
+        self.register_buffer("pending_clique", torch.tensor(-1, dtype=torch.long))  # index into self.cliques
+        self.register_buffer("pending_before", torch.zeros(0, dtype=torch.float64))
+
+    # ---------------------------------------------------------------- layout (public)
+    @staticmethod
+    def net_layout(layout: dict[str, Any], module_cfg: Any) -> dict[str, Any]:
+        """The generator sees the levels of the discretised columns."""
+        disc = Discretisation.of(n_continuous=layout["n_continuous"], block_sizes=layout["block_sizes"],
+                                 num_classes=layout["num_classes"], continuous_units=layout.get("continuous_units"),
+                                 bins=module_cfg.get("bins", 32))
+        return {"level_sizes": list(disc.levels)}
+
+    @staticmethod
+    def check_schema(module_cfg: Mapping[str, Any], schema: Any) -> None:
+        """Refuse settings out of range and a workload too large for memory, before any release.
+
+        Raises:
+            ConfigError: the first problem, with the setting to change.
+        """
+        keys = ("bins", "degree", "target_weight", "batch_size", "steps_per_epoch", "lr")
+        check_settings(**{k: module_cfg[k] for k in keys if k in module_cfg})
+        if schema is None:
+            return
+        bins = module_cfg.get("bins", 32)
+        levels = []
+        for c in schema.columns:
+            if c.type == "continuous":
+                values = int(c.bounds[1] - c.bounds[0]) + 1 if c.integer and c.bounds is not None else 0
+                levels.append(values if 0 < values <= bins else bins + 2)
+                if c.missing:
+                    levels.append(2)
+            else:  # categories left to a DP release: at most as many as the rows allow; checked again at build
+                levels.append(len(c.categories) + (1 if c.missing else 0) if c.categories is not None else 2)
+        if len(levels) < 2:
+            raise ConfigError("model=gem models the dependence between columns; the data set needs at least two "
+                              "columns (the label counts).")
+        degree = min(module_cfg.get("degree", 2), len(levels))
+        top = sorted(levels)[-3:] if module_cfg.get("target_triples") else sorted(levels)[-degree:]
+        if math.prod(top) > MAX_CLIQUE_CELLS:
+            raise ConfigError(f"model=gem: the largest workload marginal has {math.prod(top):,} cells, above "
+                              f"{MAX_CLIQUE_CELLS:,}. Set model.module.bins lower or model.module.degree=2.")
+
+    @property
+    def levels(self) -> tuple[int, ...]:
+        return self.discretisation.levels
+
+    def discretise(self, x: Tensor, y: Tensor) -> Tensor:
+        """Levels of every column of model-space rows, (B, C) int64 (public map; the mechanism applies it)."""
+        return self.discretisation.codes(x, y, self.block_sizes, self.num_classes)
+
+    # ---------------------------------------------------------------- measurements (set by the mechanism)
+    def is_released(self) -> bool:
+        return len(self.meas_sigma) > 0
+
+    def measured(self) -> list[tuple[Clique, float, Tensor]]:
+        """Every release so far: ``(clique, noise std in counts, noisy counts)``."""
+        out = []
+        for i, row in enumerate(self.meas_cliques.tolist()):
+            clique = tuple(c for c in row if c >= 0)
+            lo, hi = int(self.meas_offsets[i]), int(self.meas_offsets[i + 1])
+            out.append((clique, float(self.meas_sigma[i]), self.meas_values[lo:hi]))
+        return out
+
+    def add_measurement(self, clique: Clique, noisy: Tensor, sigma: float) -> None:
+        """Store one released marginal ``noisy`` (cells,) of ``clique``, measured with noise std ``sigma``."""
+        if noisy.numel() != clique_size(clique, self.levels):
+            raise ValueError(f"{noisy.numel()} values for the clique {clique} of {clique_size(clique, self.levels)} "
+                             "cells.")
+        dev = self.meas_values.device
+        row = torch.tensor([list(clique) + [-1] * (3 - len(clique))], dtype=torch.long, device=dev)
+        self.meas_cliques = torch.cat([self.meas_cliques, row])
+        self.meas_sigma = torch.cat([self.meas_sigma, torch.tensor([sigma], dtype=torch.float64, device=dev)])
+        self.meas_values = torch.cat([self.meas_values, noisy.detach().to(dev, torch.float64)])
+        end = self.meas_offsets[-1:] + noisy.numel()
+        self.meas_offsets = torch.cat([self.meas_offsets, end])
+
+    def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any, **kwargs: Any) -> None:
+        """The measurements' sizes are known only after the releases: take the saved ones before loading them."""
+        for name in GROWING:
+            saved = state_dict.get(prefix + name)
+            if isinstance(saved, Tensor):
+                setattr(self, name, torch.empty_like(saved, device=self.num_rows.device))
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+    def pooled(self) -> list[tuple[Clique, Tensor, float]]:
+        """Measurements pooled per clique: the precision-weighted mean and its precision Σ 1/s² (same least
+        squares up to a constant)."""
+        acc: dict[Clique, tuple[Tensor, float]] = {}
+        for clique, sigma, values in self.measured():
+            w = 1.0 / sigma**2
+            total, prec = acc.get(clique, (torch.zeros_like(values), 0.0))
+            acc[clique] = (total + w * values, prec + w)
+        return [(c, total / prec, prec) for c, (total, prec) in acc.items()]
+
+    # ---------------------------------------------------------------- answers of the generator
+    def level_probs(self, n: int) -> list[Tensor]:
+        """Level probabilities of each column for ``n`` latent draws, a list of (n, k_c)."""
+        z = torch.randn(n, self.generator.latent_dim, device=self.device)
+        return self.generator(z)
+
+    @torch.no_grad()
+    def answers(self, cliques: Sequence[Clique], *, draws: int = 8192) -> list[Tensor]:
+        """The generator's marginals of ``cliques`` in counts (``n̂ ·`` proportions), float64."""
+        probs = self.level_probs(draws)
+        return [product_marginal(probs, c).double() * float(self.num_rows) for c in cliques]
+
+    # ---------------------------------------------------------------- training (post-processing)
+    def train_dataloader(self) -> DataLoader:
+        """Step indices only: the module fits released marginals, never rows."""
+        return DataLoader(range(self.hparams.steps_per_epoch), batch_size=None)
+
+    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+        if not self.is_released():
+            raise RuntimeError("GEM has no released marginals: add the AdaptiveMarginals mechanism.")
+        key = len(self.meas_sigma)  # pooled again after each new measurement
+        if getattr(self, "_targets", None) is None or self._targets[0] != key:
+            n = float(self.num_rows)
+            self._targets = (key, [(c, y / n, prec * n**2) for c, y, prec in self.pooled()])
+        probs = self.level_probs(self.hparams.batch_size)
+        loss = torch.zeros((), device=self.device)
+        for clique, target, weight in self._targets[1]:
+            q = product_marginal(probs, clique)  # (cells,) proportions
+            loss = loss + 0.5 * weight * (q - target.to(q)).square().sum()
+        self.log("train/fit_loss", loss.detach(), prog_bar=True)
+        self.log("train/rounds", float(self.rounds))
+        return loss
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.Adam(self.generator.parameters(), lr=self.hparams.lr)
+
+    # ---------------------------------------------------------------- sampling (post-processing)
+    def _sample(self, n: int, labels: Tensor | None) -> tuple[Tensor, Tensor]:
+        if labels is not None:
+            raise ValueError("model=gem generates the label with the row; it cannot condition on one.")
+        if not self.is_released():
+            raise CheckpointError("This model holds no released marginals: there is nothing to sample; train a "
+                                  "new run.")
+        codes = torch.stack([torch.multinomial(p, 1).squeeze(1) for p in self.level_probs(n)], 1)  # (n, C)
+        d = self.discretisation.n_continuous
+        parts = [self.discretisation.values(codes[:, :d])]
+        for i, size in enumerate(self.block_sizes):
+            parts.append(F.one_hot(codes[:, d + i], size).float())
+        x = torch.cat(parts, 1)  # (n, D)
+        y = codes[:, -1] if self.num_classes > 1 else torch.zeros(n, dtype=torch.long, device=x.device)
+        return x, y
+
+
+def check_settings(*, bins: Any = 32, degree: Any = 2, target_weight: Any = 1.0, batch_size: Any = 1024,
+                   steps_per_epoch: Any = 1000, lr: Any = 1e-3) -> None:
+    """The module's settings, checked before any release.
+
+    Raises:
+        ConfigError: the first setting out of range, with a valid value.
+    """
+    def whole(value: Any, low: int) -> bool:
+        return not isinstance(value, bool) and isinstance(value, int) and value >= low
+
+    def positive(value: Any) -> bool:
+        return not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value) and value > 0
+
+    if not whole(bins, 1):
+        raise ConfigError(f"model.module.bins must be a whole number >= 1 (e.g. 32), got {bins!r}.")
+    if degree not in (2, 3) or isinstance(degree, bool):
+        raise ConfigError(f"model.module.degree must be 2 (all 2-way marginals) or 3, got {degree!r}.")
+    if not positive(target_weight):
+        raise ConfigError(f"model.module.target_weight must be a number > 0 (1 = no extra weight), got "
+                          f"{target_weight!r}.")
+    for key, value in (("batch_size", batch_size), ("steps_per_epoch", steps_per_epoch)):
+        if not whole(value, 1):
+            raise ConfigError(f"model.module.{key} must be a whole number >= 1, got {value!r}.")
+    if not positive(lr):
+        raise ConfigError(f"model.module.lr must be a number > 0 (e.g. 0.001), got {lr!r}.")

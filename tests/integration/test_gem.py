@@ -1,0 +1,115 @@
+"""model=gem through the real train(): rounds on the run's ledger, the stop, resume after a kill, refusals."""
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+from lightning_dp.checkpoint import load_run
+from lightning_dp.errors import ConfigError
+from lightning_dp.models.gem import GEM
+from lightning_dp.train import train
+from tests.conftest import make_cfg
+
+TINY = ("model=gem", "data=diabetes", "privacy.noise_seed=0", "model.module.bins=4", "model.module.batch_size=64",
+        "model.module.steps_per_epoch=40", "model.generator.hidden=[16]", "model.mechanisms.0.rounds=40",
+        "model.mechanisms.0.steps_per_round=2", "model.mechanisms.0.final_steps=3")
+
+
+def names(result: dict) -> list[str]:
+    return [r["name"] for r in json.loads(Path(result["ledger"]).read_text())["releases"]]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory, single_thread):
+    return train(make_cfg(tmp_path_factory.mktemp("gem"), *TINY))
+
+
+def test_rounds_are_releases_on_the_runs_ledger_until_the_budget_is_spent(run):
+    ledger = json.loads(Path(run["ledger"]).read_text())
+    released = names(run)
+    assert released[:2] == ["data/num_rows", "gem/one_way"]
+    rounds = (len(released) - 2) // 2
+    assert rounds >= 3 and released[2:] == [f"gem/round_{t:04d}/{k}" for t in range(1, rounds + 1)
+                                            for k in ("select", "measure")]
+    one_way = ledger["releases"][1]
+    assert one_way["mechanism"] == "gaussian" and one_way["sensitivity"] == pytest.approx(11**0.5)  # 11 columns
+    select, measure = ledger["releases"][2], ledger["releases"][3]
+    assert select["mechanism"] == "rdp_curve" and select["sensitivity"] == 1.0
+    assert measure["mechanism"] == "gaussian" and measure["sensitivity"] == 1.0
+    assert ledger["dp_claim"] and ledger["epsilon"] <= 1.0 and ledger["epsilon"] == pytest.approx(1.0, rel=1e-3)
+    model = load_run(run["checkpoint"]).model
+    assert isinstance(model, GEM) and bool(model.finished) and int(model.rounds) == rounds
+    assert len(model.measured()) == 11 + rounds  # the 1-way marginals, then one per round
+    # stopped final_steps after the last round, before the epoch's 40 steps
+    assert int(model.finish_step) <= 2 * rounds + 2
+
+
+def test_synthetic_rows_are_in_the_public_ranges(run):
+    loaded = load_run(run["checkpoint"])
+    synthetic = pd.read_csv(run["synthetic"])
+    assert len(synthetic) == round(loaded.record["data"]["num_rows"]["value"])
+    assert synthetic["target"].between(25, 346).all() and synthetic["bmi"].between(-0.2, 0.2).all()
+
+
+def test_replace_one_doubles_the_squared_sensitivities(tmp_path, single_thread):
+    result = train(make_cfg(tmp_path, *TINY, "privacy.adjacency=replace_one", "model.mechanisms.0.rounds=20"))
+    releases = {r["name"]: r for r in json.loads(Path(result["ledger"]).read_text())["releases"]}
+    assert releases["gem/one_way"]["sensitivity"] == pytest.approx(22**0.5)
+    assert releases["gem/round_0001/select"]["sensitivity"] == 2.0
+    assert releases["gem/round_0001/measure"]["sensitivity"] == pytest.approx(2**0.5)
+
+
+def test_a_run_killed_between_rounds_resumes_without_releasing_again(tmp_path, single_thread):
+    real_step = GEM.training_step
+
+    def killed(self, batch, batch_idx):
+        if int(self.rounds) >= 3:
+            raise RuntimeError("simulated kill after round 3")
+        return real_step(self, batch, batch_idx)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(GEM, "training_step", killed)
+        with pytest.raises(RuntimeError, match="simulated kill"):
+            train(make_cfg(tmp_path, *TINY))
+    saved = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)
+    assert int(saved["state_dict"]["rounds"]) == 3  # the round's checkpoint was written before its first use
+    on_disk = [r["name"] for r in json.loads((tmp_path / "ledger.json").read_text())["releases"]]
+    assert on_disk[-1] == "gem/round_0003/measure"
+    result = train(make_cfg(tmp_path, *TINY, "resume=last"))
+    released = names(result)
+    assert released[: len(on_disk)] == on_disk and len(set(released)) == len(released)
+    model = load_run(result["checkpoint"]).model
+    assert bool(model.finished) and len(model.measured()) == 11 + int(model.rounds)
+    assert torch.equal(model.meas_values[: len(saved["state_dict"]["meas_values"])], saved["state_dict"]["meas_values"])
+
+
+def test_bad_settings_are_refused_before_anything_is_released(tmp_path):
+    with pytest.raises(ConfigError, match="bins"):
+        train(make_cfg(tmp_path, *TINY, "model.module.bins=0"))
+    with pytest.raises(ConfigError, match="steps_per_round"):
+        train(make_cfg(tmp_path, *TINY, "model.mechanisms.0.steps_per_round=0"))
+    assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.ddp
+def test_two_process_ddp_releases_each_round_once(tmp_path):
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    out = tmp_path / "ddp"
+    proc = subprocess.run([sys.executable, "train.py", *TINY, "trainer=ddp", "trainer.accelerator=cpu",
+                           "trainer.devices=2", "trainer.max_epochs=1", "trainer.enable_progress_bar=false",
+                           f"output_dir={out}"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ledger = json.loads((out / "ledger.json").read_text())
+    released = [r["name"] for r in ledger["releases"]]
+    assert released[:2] == ["data/num_rows", "gem/one_way"] and len(set(released)) == len(released)
+    assert ledger["epsilon"] == pytest.approx(1.0, rel=1e-3)
+    assert json.loads((out / "replicas.json").read_text())["identical"]  # rank 0's releases on every rank
+    model = load_run(out / "checkpoints" / "last.ckpt").model
+    assert bool(model.finished) and 2 * int(model.rounds) == len(released) - 2

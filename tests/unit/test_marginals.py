@@ -1,0 +1,136 @@
+"""The pure math of adaptive marginals (privacy/marginals.py) and GEM's public discretisation."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from lightning_dp.errors import ConfigError
+from lightning_dp.models.gem import GEM, Discretisation
+from lightning_dp.nets.marginal_nets import ProductGenerator
+from lightning_dp.privacy import marginals as mg
+from lightning_dp.privacy.ledger import PrivacyLedger, Release
+
+
+def test_workload_weights_the_target_and_adds_its_triples():
+    cliques, weights = mg.workload(4, degree=2, target=3, target_weight=2.5)
+    assert cliques == [(0, 1), (0, 2), (0, 3), (1, 2), (1, 3), (2, 3)]
+    assert weights == [1.0, 1.0, 2.5, 1.0, 2.5, 2.5]
+    cliques, _ = mg.workload(4, degree=2, target=3, target_triples=True)
+    assert cliques[6:] == [(0, 1, 3), (0, 2, 3), (1, 2, 3)]
+    assert len(mg.workload(5, degree=3)[0]) == 10
+    with pytest.raises(ValueError, match="degree"):
+        mg.workload(4, degree=4)
+
+
+def test_marginal_counts_match_a_crosstab():
+    rng = np.random.default_rng(0)
+    codes = torch.from_numpy(np.stack([rng.integers(0, 3, 500), rng.integers(0, 4, 500), rng.integers(0, 2, 500)], 1))
+    pair, triple = mg.marginal_counts(codes, [(0, 1), (0, 1, 2)], [3, 4, 2])
+    table = np.zeros((3, 4))
+    np.add.at(table, (codes[:, 0].numpy(), codes[:, 1].numpy()), 1)
+    assert np.array_equal(pair.numpy(), table.ravel())
+    assert triple.sum() == 500 and triple.view(3, 4, 2).sum(2).equal(pair.view(3, 4))
+
+
+def test_product_marginal_of_one_hot_draws_is_their_empirical_marginal():
+    codes = torch.tensor([[0, 1, 1], [2, 0, 1], [2, 0, 0], [1, 3, 1]])
+    probs = [F.one_hot(codes[:, c], k).double() for c, k in enumerate([3, 4, 2])]
+    for clique in [(0,), (0, 1), (1, 2), (0, 1, 2)]:
+        expected = mg.marginal_counts(codes, [clique], [3, 4, 2])[0] / 4
+        assert torch.allclose(mg.product_marginal(probs, clique), expected)
+    soft = [torch.softmax(torch.randn(7, k, dtype=torch.float64), 1) for k in (3, 4, 2)]
+    assert float(mg.product_marginal(soft, (0, 1, 2)).sum()) == pytest.approx(1.0)
+
+
+def test_one_row_moves_each_marginal_by_one_count():
+    """The sensitivities the mechanism states: add/remove adds 1 to one cell of each marginal."""
+    rng = np.random.default_rng(1)
+    codes = torch.from_numpy(rng.integers(0, 3, (50, 4)))
+    cliques = [(0,), (1,), (0, 1), (2, 3)]
+    before = torch.cat(mg.marginal_counts(codes, cliques, [3] * 4))
+    after = torch.cat(mg.marginal_counts(torch.cat([codes, codes[:1]]), cliques, [3] * 4))
+    assert float((after - before).norm()) == pytest.approx(mg.gaussian_l2_sensitivity(4, adjacency="add_remove"))
+    replaced = torch.cat(mg.marginal_counts(torch.cat([codes[1:], torch.tensor([[2, 2, 0, 1]])]), cliques, [3] * 4))
+    assert float((replaced - before).norm()) <= mg.gaussian_l2_sensitivity(4, adjacency="replace_one") + 1e-12
+    assert mg.gaussian_l2_sensitivity(3, adjacency="add_remove") == pytest.approx(math.sqrt(3))
+    assert mg.gaussian_l2_sensitivity(1, adjacency="replace_one") == pytest.approx(math.sqrt(2))
+    assert mg.score_sensitivity([1.0, 3.0], adjacency="add_remove") == 3.0
+    assert mg.score_sensitivity([1.0, 3.0], adjacency="replace_one") == 6.0
+
+
+def test_exponential_rdp_is_bounded_range_and_pure_dp():
+    rdp = mg.exponential_rdp([2.0, 10.0, 1000.0], epsilon=0.1)
+    assert rdp.tolist() == pytest.approx([2 * 0.01 / 8, 10 * 0.01 / 8, 0.1])
+
+
+def test_a_round_at_the_starting_parameters_costs_rho_over_t():
+    sigma, eps = mg.round_parameters(0.05, 40)
+    assert mg.round_cost(sigma, eps) == pytest.approx(0.05 / 40)
+    assert eps**2 / 8 == pytest.approx(0.1 * 0.05 / 40)
+    # the ledger composes a round's two releases to the same curve α·ρ/T
+    ledger = PrivacyLedger(target_epsilon=10.0, delta=1e-5)
+    releases = [Release(name="m", mechanism="gaussian", sensitivity=1.0, noise_multiplier=sigma),
+                Release(name="s", mechanism="rdp_curve", sensitivity=1.0, rdp_orders=ledger.orders,
+                        rdp_values=tuple(mg.exponential_rdp(ledger.orders, epsilon=eps)))]
+    curve = sum(r.rdp(ledger.orders) for r in releases)
+    small = np.asarray(ledger.orders) < 50
+    assert np.allclose(curve[small], np.asarray(ledger.orders)[small] * 0.05 / 40)
+
+
+def test_selection_scores_and_annealing():
+    scores = mg.selection_scores(torch.tensor([10.0, 10.0]), sigma=2.0, cells=torch.tensor([1.0, 4.0]),
+                                 weights=torch.tensor([1.0, 2.0]))
+    b = math.sqrt(2 / math.pi) * 2.0
+    assert scores.tolist() == pytest.approx([10 - b, 2 * (10 - 4 * b)])
+    before = torch.zeros(4)
+    assert mg.anneal(before, torch.full((4,), 0.5), sigma=1.0, cells=4)  # moved 2.0 <= 3.19
+    assert not mg.anneal(before, torch.full((4,), 1.0), sigma=1.0, cells=4)
+
+
+def test_discretisation_levels_codes_and_values():
+    # age-like integer column with 16 values (exact levels), a wide one (bins + 2 spikes), a real-valued one
+    disc = Discretisation.of(n_continuous=3, block_sizes=[3], num_classes=2, continuous_units=[1 / 15, 1e-5, 0.0],
+                             bins=16)
+    assert disc.levels == (16, 18, 18, 3, 2) and disc.exact == (True, False, False)
+    x = torch.tensor([[0.0, 0.0, 0.5, 0, 1, 0], [1.0, 1.0, 0.999, 1, 0, 0], [7 / 15, 0.03, 0.0625, 0, 0, 1]])
+    codes = disc.codes(x, torch.tensor([1, 0, 1]), [3], 2)
+    assert codes.tolist() == [[0, 0, 9, 1, 1], [15, 17, 16, 0, 0], [7, 1, 2, 2, 1]]
+    values = disc.values(codes[:, :3])
+    assert values[:, 0].tolist() == pytest.approx([0.0, 1.0, 7 / 15])
+    assert values[0, 1] == 0.0 and values[1, 1] == 1.0  # the spikes at the bounds
+    assert 0 < values[2, 1] < 1 / 16 and 0.5 <= values[0, 2] < 0.5 + 1 / 16  # uniform within the bin
+    assert disc.codes(values, torch.tensor([1, 0, 1]), [], 1)[:, :3].equal(codes[:, :3])
+
+
+def test_gem_starts_uniform_and_samples_rows_in_model_space():
+    disc = Discretisation.of(n_continuous=1, block_sizes=[3], num_classes=2, continuous_units=[0.25], bins=8)
+    module = GEM(ProductGenerator(level_sizes=disc.levels, latent_dim=4, hidden=[8]), n_continuous=1,
+                 block_sizes=[3], num_classes=2, continuous_units=[0.25], bins=8)
+    assert module.levels == (5, 3, 2) and module.cliques == [(0, 1), (0, 2), (1, 2)]
+    probs = module.level_probs(6)
+    assert all(torch.allclose(p, torch.full_like(p, 1 / p.shape[1])) for p in probs)  # zero output layer
+    with pytest.raises(Exception, match="no released marginals"):
+        module.sample(4)
+    module.add_measurement((0,), torch.tensor([1.0, 2, 3, 4, 5]), 2.0)
+    module.add_measurement((0,), torch.tensor([3.0, 2, 1, 0, 5]), 2.0)
+    (clique, pooled, precision), = module.pooled()
+    assert clique == (0,) and pooled.tolist() == [2.0, 2, 2, 2, 5] and precision == pytest.approx(0.5)
+    x, y = module.sample(10, seed=0)
+    assert x.shape == (10, 4) and set(x[:, 0].tolist()) <= {0, 0.25, 0.5, 0.75, 1.0}
+    assert x[:, 1:].sum(1).eq(1).all() and set(y.tolist()) <= {0, 1}
+    with pytest.raises(ValueError, match="cells"):
+        module.add_measurement((0, 1), torch.zeros(3), 1.0)
+
+
+def test_settings_are_refused_before_any_release():
+    from lightning_dp.callbacks.adaptive_marginals import AdaptiveMarginals
+
+    for bad in ({"bins": 0}, {"degree": 4}, {"target_weight": -1}, {"lr": 0}, {"batch_size": 1.5}):
+        with pytest.raises(ConfigError):
+            GEM.check_schema(bad, None)
+    for bad in ({"rounds": 0}, {"selection_fraction": 1.0}, {"steps_per_round": 0}, {"final_steps": -1}):
+        with pytest.raises(ConfigError):
+            AdaptiveMarginals.check_settings(bad)
