@@ -8,6 +8,7 @@ release, and :func:`check_space` again before training with the model's real siz
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import shutil
@@ -22,6 +23,8 @@ from lightning_dp.models import MODELS, check_model_config
 from lightning_dp.privacy.coverage import check_coverage
 from lightning_dp.privacy.ledger import BudgetExceededError
 from lightning_dp.quick_checks import check_quick
+
+log = logging.getLogger(__name__)
 
 MIN_FREE_BYTES = 64 * 2**20  # ledger, config, logs and the pre-training record
 
@@ -132,8 +135,6 @@ def check_trainer(cfg: DictConfig, *, sgd: bool) -> None:
         ConfigError: Lightning refuses the settings, or ``accumulate_grad_batches`` is not 1 under DP-SGD (its
             accountant counts each Poisson batch as one noisy step).
     """
-    import logging
-
     import pytorch_lightning as pl
     from lightning_fabric.utilities.exceptions import MisconfigurationException
 
@@ -200,11 +201,14 @@ def check_before_release(cfg: DictConfig, schema: object, weighting: object | No
     try:
         with __import__("torch").device("meta"):
             model = build_model(cfg.model, layout)
-    except (TypeError, ValueError) as err:
+    except (TypeError, ValueError) as err:  # a setting of the wrong type or range reaching a constructor
         if isinstance(err, ConfigError):
             raise
         raise ConfigError(f"model={cfg.model.name} cannot be built with these settings ({err}). Fix model.module.*; "
                           "nothing was spent.") from None
+    except (RuntimeError, NotImplementedError) as err:  # an operation the meta device lacks: no estimate, no refusal
+        log.debug("model=%s could not be sized on the meta device (%s); its memory is not checked.", cfg.model.name, err)
+        return
     width = layout["n_continuous"] + sum(layout["block_sizes"])
     check_memory(TRAINING_COPIES * module_bytes(lambda: model),
                  what=f"Training model={cfg.model.name} on {width:,} model-space columns (the schema's continuous "
