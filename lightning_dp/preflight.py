@@ -8,6 +8,7 @@ release, and :func:`check_space` again before training with the model's real siz
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import shutil
@@ -22,6 +23,8 @@ from lightning_dp.models import MODELS, check_model_config
 from lightning_dp.privacy.coverage import check_coverage
 from lightning_dp.privacy.ledger import BudgetExceededError
 from lightning_dp.quick_checks import check_quick
+
+log = logging.getLogger(__name__)
 
 MIN_FREE_BYTES = 64 * 2**20  # ledger, config, logs and the pre-training record
 
@@ -132,8 +135,6 @@ def check_trainer(cfg: DictConfig, *, sgd: bool) -> None:
         ConfigError: Lightning refuses the settings, or ``accumulate_grad_batches`` is not 1 under DP-SGD (its
             accountant counts each Poisson batch as one noisy step).
     """
-    import logging
-
     import pytorch_lightning as pl
     from lightning_fabric.utilities.exceptions import MisconfigurationException
 
@@ -155,7 +156,7 @@ def check_trainer(cfg: DictConfig, *, sgd: bool) -> None:
                           "arguments; nothing was spent.") from None
     except (MisconfigurationException, ValueError, RuntimeError) as err:
         msg = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise ConfigError(f"Lightning refuses the trainer settings: {msg} Fix trainer.* (e.g. trainer.devices=1); "
+        raise ConfigError(f"Lightning refuses the trainer settings: {msg} Fix them (e.g. trainer=cpu, trainer.devices=1); "
                           "nothing was spent.") from None
     finally:
         for q, level in zip(quiet, levels, strict=True):
@@ -200,11 +201,14 @@ def check_before_release(cfg: DictConfig, schema: object, weighting: object | No
     try:
         with __import__("torch").device("meta"):
             model = build_model(cfg.model, layout)
-    except (TypeError, ValueError) as err:
+    except (TypeError, ValueError) as err:  # a setting of the wrong type or range reaching a constructor
         if isinstance(err, ConfigError):
             raise
         raise ConfigError(f"model={cfg.model.name} cannot be built with these settings ({err}). Fix model.module.*; "
                           "nothing was spent.") from None
+    except (RuntimeError, NotImplementedError) as err:  # an operation the meta device lacks: no estimate, no refusal
+        log.debug("model=%s could not be sized on the meta device (%s); its memory is not checked.", cfg.model.name, err)
+        return
     width = layout["n_continuous"] + sum(layout["block_sizes"])
     check_memory(TRAINING_COPIES * module_bytes(lambda: model),
                  what=f"Training model={cfg.model.name} on {width:,} model-space columns (the schema's continuous "
@@ -216,6 +220,26 @@ def check_before_release(cfg: DictConfig, schema: object, weighting: object | No
                           "steps itself, which Lightning cannot accumulate. Drop the setting; nothing was spent.")
     if weighting is not None:
         _plan_weights(cfg, weighting, layout)
+
+
+def check_rows_memory(num_rows: float, schema: object) -> None:
+    """The training rows in model space (float32, twice over while encoding) against the machine's memory.
+
+    Needs the row count, so it runs on the DP count just after its release (the refusal then says what was spent,
+    ``train.say_spent``); a schema whose layout a later release decides is checked by its declared part only.
+
+    Raises:
+        ResourceError: with the size and what to change.
+    """
+    from lightning_dp.resources import check_memory
+
+    layout = schema_layout(schema)
+    if layout is None:
+        return
+    width = layout["n_continuous"] + sum(layout["block_sizes"])
+    check_memory(2 * 4 * float(num_rows) * width,
+                 what=f"Encoding about {num_rows:,.0f} training rows (a DP count) × {width:,} model-space columns",
+                 fix="Declare fewer categories (merge rare ones), drop columns, or train on a subsample (data.max_rows)")
 
 
 PLANNING_ROWS = 10_000  # a stand-in for the DP count when planning the weights (their ε does not depend on it)

@@ -22,7 +22,14 @@ from lightning_dp.data.dp_count import RowCount
 from lightning_dp.errors import RunExistsError, StorageError, UserError, python_command
 from lightning_dp.launch import launch_rank, publish_prefit, wait_for_prefit
 from lightning_dp.models import build_mechanisms, build_model, check_data
-from lightning_dp.preflight import ConfigError, check_before_release, check_run, check_space, checkpoint_bytes
+from lightning_dp.preflight import (
+    ConfigError,
+    check_before_release,
+    check_rows_memory,
+    check_run,
+    check_space,
+    checkpoint_bytes,
+)
 from lightning_dp.privacy import mechanisms as mech
 from lightning_dp.privacy.coverage import complete_mechanisms
 from lightning_dp.privacy.ledger import BudgetExceededError, PrivacyLedger
@@ -287,12 +294,14 @@ def _train(cfg: DictConfig, *, overrides: Sequence[str] | None, run_log: RunLog,
     noise_seed = cfg.privacy.get("noise_seed")
     dm = PrivateDataModule(**cfg.data)
     allow = cfg.privacy.get("allow_large_delta", False)
+    public: dict[str, Any] = {}  # the public schema, for the memory check on the DP count
     if rank == 0:  # each pre-training release is saved with its value before use (a kill loses nothing)
         ledger.commit = lambda: publish_prefit(out, ledger=ledger.state_dict(), data=dm.state_dict(), complete=False)
     dm.prepare(ledger, generator=mech.noise_generator(noise_seed), state=data_state,
-               check_rows=lambda count: check_delta(ledger.delta, count, allow_large_delta=allow),
+               check_rows=lambda count: (check_delta(ledger.delta, count, allow_large_delta=allow),
+                                         check_rows_memory(count.value, public.get("schema"))),
                count_budget_fraction=cfg.privacy.get("count_budget_fraction", 0.02),
-               check_schema=lambda schema: (check_data(cfg.model, schema),
+               check_schema=lambda schema: (check_data(cfg.model, schema), public.update(schema=schema),
                                             check_before_release(cfg, schema, weighting if resume is None else None)))
     ledger.commit = None
     if rank == 0:
