@@ -8,6 +8,7 @@ release, and :func:`check_space` again before training with the model's real siz
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import shutil
@@ -20,7 +21,10 @@ from lightning_dp.data.sources import LOADERS
 from lightning_dp.errors import ConfigError
 from lightning_dp.models import MODELS, check_model_config
 from lightning_dp.privacy.coverage import check_coverage
+from lightning_dp.privacy.ledger import BudgetExceededError
 from lightning_dp.quick_checks import check_quick
+
+log = logging.getLogger(__name__)
 
 MIN_FREE_BYTES = 64 * 2**20  # ledger, config, logs and the pre-training record
 
@@ -107,6 +111,165 @@ def check_config(cfg: DictConfig) -> None:
     if cfg.get("audit") and data.name in ("mnist_test", "digits", "npz"):
         raise ConfigError(f"audit=... reports on tabular data; data={data.name} is images. Drop audit=, or score images "
                           "with bench/utility_images.py.")
+    check_callbacks(cfg)
+    check_trainer(cfg, sgd=sgd)
+
+
+def check_callbacks(cfg: DictConfig) -> None:
+    """``callbacks.checkpoint``: the checkpoint intervals (``RunRecord``), whole steps and minutes >= 0.
+
+    Raises:
+        ConfigError: an interval out of range.
+    """
+    node = (cfg.get("callbacks") or {}).get("checkpoint") or {}
+    _known_keys(node, ("every_n_steps", "every_n_minutes"), "callbacks.checkpoint")
+    _number(node.get("every_n_steps", 100), "callbacks.checkpoint.every_n_steps", low=0, integer=True)
+    _number(node.get("every_n_minutes", 5.0), "callbacks.checkpoint.every_n_minutes", low=0)
+
+
+def check_trainer(cfg: DictConfig, *, sgd: bool) -> None:
+    """The ``trainer`` settings as Lightning reads them: a ``Trainer`` is built from them (no process is started,
+    nothing is read or written), so devices, accelerator, strategy and unknown keys are refused here, not at fit.
+
+    Raises:
+        ConfigError: Lightning refuses the settings, or ``accumulate_grad_batches`` is not 1 under DP-SGD (its
+            accountant counts each Poisson batch as one noisy step).
+    """
+    import pytorch_lightning as pl
+    from lightning_fabric.utilities.exceptions import MisconfigurationException
+
+    from lightning_dp.train import trainer_options
+
+    options = trainer_options(cfg.trainer)
+    if sgd and options.get("accumulate_grad_batches", 1) != 1:
+        raise ConfigError(f"trainer.accumulate_grad_batches={options['accumulate_grad_batches']} with DP-SGD: its "
+                          "accountant counts each Poisson-sampled batch as one noisy step, so batches cannot be "
+                          "accumulated. Drop the setting and raise data.batch_size instead; nothing was spent.")
+    quiet = [logging.getLogger(n) for n in ("pytorch_lightning.utilities.rank_zero", "lightning_fabric.utilities.rank_zero")]
+    levels = [q.level for q in quiet]
+    for q in quiet:
+        q.setLevel(logging.ERROR)  # the dry build's "GPU available" lines would print twice
+    try:
+        pl.Trainer(**options, logger=False, enable_checkpointing=False)
+    except TypeError as err:
+        raise ConfigError(f"Unknown trainer setting ({err}). Check the trainer.* keys against Lightning's Trainer "
+                          "arguments; nothing was spent.") from None
+    except (MisconfigurationException, ValueError, RuntimeError) as err:
+        msg = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ConfigError(f"Lightning refuses the trainer settings: {msg} Fix them (e.g. trainer=cpu, trainer.devices=1); "
+                          "nothing was spent.") from None
+    finally:
+        for q, level in zip(quiet, levels, strict=True):
+            q.setLevel(level)
+
+
+def schema_layout(schema: object) -> dict[str, object] | None:
+    """The model-space layout of a public schema, or None when a DP release decides it (bounds or categories left
+    to the data)."""
+    from lightning_dp.data.dp_preprocessing import needs_release
+    from lightning_dp.data.encoders import TabularEncoder
+
+    if schema is None or needs_release(schema):
+        return None
+    enc = TabularEncoder(schema)
+    return {"n_continuous": enc.n_continuous, "block_sizes": enc.block_sizes, "num_classes": enc.num_classes,
+            "continuous_names": [c.name for c in enc.continuous], "continuous_units": enc.continuous_units}
+
+
+# parameters, gradients and Adam's two moments
+TRAINING_COPIES = 4
+
+
+def check_before_release(cfg: DictConfig, schema: object, weighting: object | None = None) -> None:
+    """The checks that need the public schema but no row, run by the data module before its first release.
+
+    With the model-space layout known from the schema (``schema_layout``): the model is built on PyTorch's
+    ``meta`` device (no storage) and its training memory (weights, gradients, two Adam moments) compared with the
+    machine's (``resources.check_memory``); Lightning's gradient accumulation is refused for a module that
+    optimises by hand; and the weights' releases are planned on a scratch ledger beside the run's row count, so a
+    weights budget that cannot fit is refused before the count is spent.
+
+    Raises:
+        ConfigError, ResourceError, BudgetExceededError: with the setting to change; nothing was spent.
+    """
+    from lightning_dp.models import build_model
+    from lightning_dp.resources import check_memory, module_bytes
+
+    layout = schema_layout(schema)
+    if layout is None:
+        return
+    try:
+        with __import__("torch").device("meta"):
+            model = build_model(cfg.model, layout)
+    except (TypeError, ValueError) as err:  # a setting of the wrong type or range reaching a constructor
+        if isinstance(err, ConfigError):
+            raise
+        raise ConfigError(f"model={cfg.model.name} cannot be built with these settings ({err}). Fix model.module.*; "
+                          "nothing was spent.") from None
+    except (RuntimeError, NotImplementedError) as err:  # an operation the meta device lacks: no estimate, no refusal
+        log.debug("model=%s could not be sized on the meta device (%s); its memory is not checked.", cfg.model.name, err)
+        return
+    width = layout["n_continuous"] + sum(layout["block_sizes"])
+    check_memory(TRAINING_COPIES * module_bytes(lambda: model),
+                 what=f"Training model={cfg.model.name} on {width:,} model-space columns (the schema's continuous "
+                      "columns and categories)",
+                 fix="Declare fewer categories (merge rare ones), drop columns, or shrink the model's networks")
+    accumulate = (cfg.trainer.get("accumulate_grad_batches") or 1)
+    if accumulate != 1 and not getattr(model, "automatic_optimization", True):
+        raise ConfigError(f"trainer.accumulate_grad_batches={accumulate}: model={cfg.model.name} takes its optimiser "
+                          "steps itself, which Lightning cannot accumulate. Drop the setting; nothing was spent.")
+    if weighting is not None:
+        _plan_weights(cfg, weighting, layout)
+
+
+def check_rows_memory(num_rows: float, schema: object) -> None:
+    """The training rows in model space (float32, twice over while encoding) against the machine's memory.
+
+    Needs the row count, so it runs on the DP count just after its release (the refusal then says what was spent,
+    ``train.say_spent``); a schema whose layout a later release decides is checked by its declared part only.
+
+    Raises:
+        ResourceError: with the size and what to change.
+    """
+    from lightning_dp.resources import check_memory
+
+    layout = schema_layout(schema)
+    if layout is None:
+        return
+    width = layout["n_continuous"] + sum(layout["block_sizes"])
+    check_memory(2 * 4 * float(num_rows) * width,
+                 what=f"Encoding about {num_rows:,.0f} training rows (a DP count) × {width:,} model-space columns",
+                 fix="Declare fewer categories (merge rare ones), drop columns, or train on a subsample (data.max_rows)")
+
+
+PLANNING_ROWS = 10_000  # a stand-in for the DP count when planning the weights (their ε does not depend on it)
+
+
+def _plan_weights(cfg: DictConfig, weighting: object, layout: dict[str, object]) -> None:
+    """Plan the weights' releases on a scratch ledger holding the run's count release; refuse if they cannot fit."""
+    import torch
+
+    from lightning_dp.data.dp_count import release_row_count
+    from lightning_dp.train import make_ledger
+
+    scratch = make_ledger(cfg.privacy)
+    release_row_count(PLANNING_ROWS, scratch, budget_fraction=cfg.privacy.get("count_budget_fraction", 0.02),
+                      generator=torch.Generator().manual_seed(0),
+                      public_num_rows=PLANNING_ROWS if cfg.data.get("public_num_rows") is not None else None)
+    weighting.layout = layout  # type: ignore[attr-defined]
+    rows = cfg.get("num_samples") or PLANNING_ROWS
+    try:
+        releases = weighting.plan(num_real=PLANNING_ROWS, num_rows=rows, ledger=scratch)  # type: ignore[attr-defined]
+    except ConfigError:  # a condition on the number of rows: decided on the DP count, after it is released
+        return
+    weighting.layout = None  # type: ignore[attr-defined]
+    after = scratch.epsilon_if(releases)
+    if after > scratch.target_epsilon * (1 + 1e-9):
+        name = weighting.config.estimator  # type: ignore[attr-defined]
+        raise BudgetExceededError(f"weights={name} (weights.epsilon={cfg.weights.get('epsilon')}) with the row count's "
+                                  f"share would take the run to ε = {after:.4g}, above privacy.epsilon="
+                                  f"{scratch.target_epsilon:g}. Lower weights.epsilon or raise privacy.epsilon; nothing "
+                                  "was spent.")
 
 
 def check_writable(out: Path) -> None:

@@ -22,7 +22,14 @@ from lightning_dp.data.dp_count import RowCount
 from lightning_dp.errors import RunExistsError, StorageError, UserError, python_command
 from lightning_dp.launch import launch_rank, publish_prefit, wait_for_prefit
 from lightning_dp.models import build_mechanisms, build_model, check_data
-from lightning_dp.preflight import ConfigError, check_run, check_space, checkpoint_bytes
+from lightning_dp.preflight import (
+    ConfigError,
+    check_before_release,
+    check_rows_memory,
+    check_run,
+    check_space,
+    checkpoint_bytes,
+)
 from lightning_dp.privacy import mechanisms as mech
 from lightning_dp.privacy.coverage import complete_mechanisms
 from lightning_dp.privacy.ledger import BudgetExceededError, PrivacyLedger
@@ -148,19 +155,44 @@ def train(cfg: DictConfig, *, overrides: Sequence[str] | None = None) -> dict[st
             return tune(cfg, overrides=overrides)
     run_log = RunLog()
     progress = (cfg.get("callbacks") or {}).get("progress") or {}
+    held: dict[str, Any] = {}
     try:
         with tracker.session(every=progress.get("every_seconds"), enabled=progress.get("enabled")):
-            return _train(cfg, overrides=overrides, run_log=run_log)
+            return _train(cfg, overrides=overrides, run_log=run_log, held=held)
+    except UserError as err:
+        say_spent(err, held.get("ledger"), Path(held.get("output_dir", cfg.output_dir)))
+        raise
     finally:
         run_log.close()
+
+
+def say_spent(err: UserError, ledger: PrivacyLedger | None, out: Path) -> None:
+    """A refusal after a release says what was spent and how to go on (its message is extended in place).
+
+    Every check that needs no private data runs before the first release (``preflight.py``); what is refused
+    after one (a check on the DP count, a DP schema release that finds too little) leaves that release on the
+    ledger, and the user must know it.
+    """
+    if ledger is None or ledger.spent <= 0 or not (out / "ledger.json").exists():
+        return
+    text = str(err.args[0]) if err.args else str(err)
+    if "spent" in text.replace("nothing was spent", ""):
+        return  # the message already says it
+    text = re.sub(r"[;,]? ?[Nn]othing was spent\.?", ".", text).replace("..", ".").rstrip()
+    err.args = (f"{text} This run already spent {ledger.summary()} (recorded in {out / 'ledger.json'}): fix the "
+                f"setting and continue with output_dir={out} resume=last where resume allows that setting to change, "
+                "or start a new run with another output_dir (its budget composes with this one's).", *err.args[1:])
 
 
 def _weighting(cfg: DictConfig) -> Weighting | None:
     """The run's ``weights`` setting, checked (estimator, parameters, model) before any release."""
     if not cfg.get("weights"):
         return None
+    from lightning_dp.data.sources import IMAGES
+
     config = WeightsConfig.from_node(OmegaConf.to_container(cfg.weights, resolve=True))
-    return Weighting(config, layout=None, model_name=cfg.model.name, model_cfg=cfg.model)
+    return Weighting(config, layout=None, model_name=cfg.model.name, model_cfg=cfg.model,
+                     data_kind="image" if cfg.data.name in IMAGES else "tabular")
 
 
 def _reserve_weights(cfg: DictConfig, weighting: Weighting, dm: PrivateDataModule, ledger: PrivacyLedger) -> int:
@@ -223,7 +255,8 @@ class _RunFiles:
             self.written = True
 
 
-def _train(cfg: DictConfig, *, overrides: Sequence[str] | None, run_log: RunLog) -> dict[str, Any]:
+def _train(cfg: DictConfig, *, overrides: Sequence[str] | None, run_log: RunLog,
+           held: dict[str, Any]) -> dict[str, Any]:
     resume = _resume_path(cfg)
     if resume is not None:
         cfg = resume_config(cfg, overrides=overrides, checkpoint=resume)
@@ -232,6 +265,7 @@ def _train(cfg: DictConfig, *, overrides: Sequence[str] | None, run_log: RunLog)
     check_run(cfg, out)
     rank = launch_rank()
     ledger = make_ledger(cfg.privacy)
+    held.update(ledger=ledger, output_dir=str(out))  # for the message of a refusal after a release
     tracker.set_epsilon(lambda: f"ε = {ledger.spent:.4g} of {ledger.target_epsilon:g}")
     tracker.stage("prepare data (row count and schema releases)")
     data_state, ckpt_path = None, None
@@ -260,12 +294,15 @@ def _train(cfg: DictConfig, *, overrides: Sequence[str] | None, run_log: RunLog)
     noise_seed = cfg.privacy.get("noise_seed")
     dm = PrivateDataModule(**cfg.data)
     allow = cfg.privacy.get("allow_large_delta", False)
+    public: dict[str, Any] = {}  # the public schema, for the memory check on the DP count
     if rank == 0:  # each pre-training release is saved with its value before use (a kill loses nothing)
         ledger.commit = lambda: publish_prefit(out, ledger=ledger.state_dict(), data=dm.state_dict(), complete=False)
     dm.prepare(ledger, generator=mech.noise_generator(noise_seed), state=data_state,
-               check_rows=lambda count: check_delta(ledger.delta, count, allow_large_delta=allow),
+               check_rows=lambda count: (check_delta(ledger.delta, count, allow_large_delta=allow),
+                                         check_rows_memory(count.value, public.get("schema"))),
                count_budget_fraction=cfg.privacy.get("count_budget_fraction", 0.02),
-               check_schema=lambda schema: check_data(cfg.model, schema))
+               check_schema=lambda schema: (check_data(cfg.model, schema), public.update(schema=schema),
+                                            check_before_release(cfg, schema, weighting if resume is None else None)))
     ledger.commit = None
     if rank == 0:
         publish_prefit(out, ledger=ledger.state_dict(), data=dm.state_dict(), complete=True)

@@ -35,7 +35,7 @@ CHAIN_KEYS = ("burn_in", "thin", "draws", "num_chains", "trace_every", "init_ste
 
 
 class ChainsNotMixedError(UserError, RuntimeError):
-    """The MH chains did not mix (R̂ too large): nothing was released, and the budget of the attempt is spent."""
+    """A checkpoint's release was refused (written before releases became unconditional): its budget is spent."""
 
 
 class PrivateSupportPoints(Callback):
@@ -71,12 +71,12 @@ class PrivateSupportPoints(Callback):
     release is (ε, (1 + e^ε)τ)-DP, but τ is unknown and is not bounded here. R̂ near 1 is evidence that the chains
     forgot their (data-independent) start, not a proof: nothing formal is claimed for a finite run.
 
-    Non-mixing: when R̂ (rank-normalised folded split-R̂ of the chains' energy traces) is undefined or above
-    ``max_rhat``, nothing is released and the run stops with :class:`ChainsNotMixedError` (exit 2). The chains
-    read the data (through Y*) and the refusal is itself a data-dependent outcome, so the refusal is decided
-    *after* the exponential release is recorded and saved: the attempt's ε is spent and the ledger says so, and
-    re-running with other chain settings is a new run on a new budget. A kill during the chains saves nothing,
-    so nothing has left the process and the run simply repeats the release when resumed.
+    Non-mixing is not observable: the draw is released whatever the chains' R̂ (rank-normalised folded split-R̂ of
+    the energy traces). Whether the chains mixed is a function of every chain, so of the rows, and is on no ledger:
+    refusing to release when R̂ > ``max_rhat`` (exit 2 instead of points) would publish that bit outside the
+    mechanism. ``max_rhat`` therefore only labels the private diagnostics (``"mixed"``), which the operator reads
+    before using the points; the log says where they are, never what they say. (Checkpoints written before this
+    choice may hold a refused release; resuming or sampling them still refuses.)
 
     The diagnostics (R̂, between/within-chain variance of the energy traces, acceptance rates, step sizes) are
     written to ``support_points_mcmc.json`` in the run's folder, and nowhere else (not in the checkpoint, the log
@@ -182,17 +182,10 @@ class PrivateSupportPoints(Callback):
             steps = pl_module.catch_up(torch.cat([pl_module.embed(x, y) for x, y in chunks]).to(pl_module.device))
             log.info("Re-optimised the support points from their initial values (%d Adam steps, full batches): a "
                      "checkpoint never holds them.", steps)
-        mixed = self._release(pl_module)
+        self._release(pl_module)
         if trainer.is_global_zero:
             atomic_write_text(Path(trainer.default_root_dir) / DIAGNOSTICS_FILE,
                               json.dumps(self.diagnostics, indent=2, default=float) + "\n")
-        if not mixed:
-            d = self.diagnostics
-            raise ChainsNotMixedError(
-                f"The MH chains did not mix (R̂ above max_rhat = {self.max_rhat:g}): nothing was released, and the "
-                f"ε = {d['epsilon']:.4g} of the attempt is spent (R̂ and the other diagnostics, private, are in "
-                f"{DIAGNOSTICS_FILE}). Start a "
-                "new run with longer chains (e.g. model.mechanisms.0.burn_in, .draws) or a larger budget.")
 
     # ---------------------------------------------------------------- the releases
     def _points_release(self, epsilon: float, sensitivity: float, n: int, dim: int, p: float) -> Release:
@@ -214,7 +207,7 @@ class PrivateSupportPoints(Callback):
                             "Δ = h_max − h_min under either adjacency) + Laplace, clipped to the grid")
 
     def _release(self, module: Any) -> bool:
-        """Record and draw the releases in one durable block; returns whether the chains mixed."""
+        """Record and draw the releases in one durable block; returns whether the chains mixed (private)."""
         reference = module.points.detach().double().clone()  # Y*: computed from the rows without noise, (n, D)
         n, dim = reference.shape
         p = float(module.hparams.p)
@@ -243,21 +236,19 @@ class PrivateSupportPoints(Callback):
                                     "privacy": "PRIVATE: functions of all chains, which read the rows through the "
                                                "optimised points; not covered by the run's (ε, δ). Handle like the "
                                                "audit report, not like the released points"}
-                if mixed:
-                    module.set_release(result.final[0])
-                    if needs_bw:
-                        self.ledger.record(bw_release)
-                        self._release_bandwidth(module, bw_release, gen)
-                    self.diagnostics["bandwidth"] = float(module.bandwidth)
-                    log.info("Released %d private support points: ε = %.4g, Δf = %.4g (%s), KDE bandwidth %.4g (%s); "
-                             "the chains' diagnostics (private) are in %s; %s", n, eps, sens, self.sensitivity,
-                             float(module.bandwidth), "DP" if needs_bw else "public", DIAGNOSTICS_FILE,
-                             self.ledger.summary())
-                    if self.sensitivity == "support_set":
-                        log.warning("The support points' DP guarantee is nominal: Δf assumes one row moves at most "
-                                    "one support point (thesis §5.4.1). sensitivity=score_range is sound.")
-                else:
-                    module.refuse()
+                module.set_release(result.final[0])  # whatever R̂ says: whether the chains mixed is not released
+                if needs_bw:
+                    self.ledger.record(bw_release)
+                    self._release_bandwidth(module, bw_release, gen)
+                self.diagnostics["bandwidth"] = float(module.bandwidth)
+                log.info("Released %d private support points: ε = %.4g, Δf = %.4g (%s), KDE bandwidth %.4g (%s); "
+                         "the chains' diagnostics (private: R̂, and whether it is within max_rhat, which the points "
+                         "should not be used without) are in %s; %s", n, eps, sens, self.sensitivity,
+                         float(module.bandwidth), "DP" if needs_bw else "public", DIAGNOSTICS_FILE,
+                         self.ledger.summary())
+                if self.sensitivity == "support_set":
+                    log.warning("The support points' DP guarantee is nominal: Δf assumes one row moves at most "
+                                "one support point (thesis §5.4.1). sensitivity=score_range is sound.")
         except BaseException:
             module.restore(reference, bandwidth=math.nan if needs_bw else None)  # nothing was released
             self.diagnostics = None

@@ -2,12 +2,14 @@
 
 The module keeps the private training rows in model space and hands them out only through
 ``private_batches`` (one-shot mechanisms) and ``train_dataloader`` (DP-SGD, whose callback swaps in
-Poisson sampling). The held-out split never reaches a generator; audits use it as the reference.
+Poisson sampling; otherwise every row once per epoch in ⌈ñ/B⌉ batches, ñ the DP count, so that no loop
+counter, progress bar or log line of the fit loop counts the private rows). The held-out split never reaches a generator; audits use it as the reference.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -24,7 +26,7 @@ from lightning_dp.data.dp_count import RELEASE_NAME as COUNT_RELEASE
 from lightning_dp.data.dp_count import RowCount, release_row_count
 from lightning_dp.data.dp_preprocessing import needs_release, release_schema
 from lightning_dp.data.encoders import TabularEncoder
-from lightning_dp.data.sampling import PoissonBatchSampler
+from lightning_dp.data.sampling import DPCountBatchSampler, PoissonBatchSampler
 from lightning_dp.data.schema import DataError, Schema, validate
 from lightning_dp.data.sources import ImageSource, TabularSource, load_source
 from lightning_dp.data.splits import holdout_mask, subsample_mask
@@ -244,6 +246,11 @@ class PrivateDataModule(LightningDataModule):
             part = idx[start : start + chunk_size]
             yield self.x[part], self.y[part]
 
+    def num_batches(self, *, world_size: int = 1) -> int:
+        """Batches per epoch of ``train_dataloader`` without Poisson sampling: ⌈ñ / (B·W)⌉ for the DP (or public)
+        count ñ, the same on every rank; never a function of the exact number of rows."""
+        return max(math.ceil(self.released_num_rows / (self.batch_size * world_size)), 1)
+
     def use_poisson_sampling(self, *, sample_rate: float, steps_per_epoch: int, rank: int = 0, world_size: int = 1,
                              generator: torch.Generator) -> None:
         """Make ``train_dataloader`` Poisson-sample this rank's shard (set by the DP-SGD mechanism)."""
@@ -253,8 +260,13 @@ class PrivateDataModule(LightningDataModule):
     def train_dataloader(self) -> DataLoader:
         dataset = TensorDataset(self.x, self.y)
         poisson = getattr(self, "_poisson", None)
-        if poisson is None:
-            return DataLoader(dataset, batch_size=self.batch_size, shuffle=True, drop_last=False)
+        if poisson is None:  # every row once per epoch, in ⌈ñ/B⌉ batches: no count of rows leaves through the loop
+            world = self.trainer.world_size if self.trainer is not None else 1
+            rank = self.trainer.global_rank if self.trainer is not None else 0
+            sampler = DPCountBatchSampler(torch.arange(rank, self.num_rows, world),
+                                          num_batches=self.num_batches(world_size=world),
+                                          generator=torch.Generator().manual_seed(int(torch.randint(2**62, ()))))
+            return DataLoader(dataset, sampler=sampler, batch_size=None)
         sampler = PoissonBatchSampler(poisson["indices"], sample_rate=poisson["sample_rate"], steps=poisson["steps"],
                                       generator=poisson["generator"])
         # batch_size=None: each sampled index list goes to TensorDataset, which fancy-indexes (empty lists too)

@@ -112,7 +112,9 @@ class TabularEncoder:
                     raise DataError(f"Column {b.column!r} has categories outside {list(b.categories)}; "
                                     "drop those rows first (keep_mask) or add them to the schema.")
                 idx = idx.astype(int)
-            onehots.append(np.eye(b.size)[idx])  # (n, size)
+            onehot = np.zeros((n, b.size), dtype=np.float32)  # (n, size); no (size, size) identity
+            onehot[np.arange(n), idx] = 1.0
+            onehots.append(onehot)
         x = np.concatenate([x_con, *onehots], axis=1).astype(np.float32)
         if self.schema.label:
             lookup = {cat: i for i, cat in enumerate(self.classes)}

@@ -81,7 +81,8 @@ class SupportPoints(GeneratorModule):
         self.points = nn.Parameter(0.1 + 0.8 * torch.rand(num_points, self.dim, generator=gen))  # (n, D)
         self.register_buffer("bandwidth", torch.tensor(math.nan if bandwidth is None else float(bandwidth)))
         self.register_buffer("release_state", torch.tensor(NOT_RELEASED))
-        self.register_buffer("batches_seen", torch.zeros((), dtype=torch.long))  # public: the loop's batch count
+        # the loop's batch count: ⌈ñ/B⌉ per epoch for the DP count ñ (the data module's loader), so DP, not the rows'
+        self.register_buffer("batches_seen", torch.zeros((), dtype=torch.long))
         self._steps_done = 0  # Adam steps since the points were (re)initialised; 0 after a resume
         self.automatic_optimization = False
 
@@ -170,8 +171,10 @@ class SupportPoints(GeneratorModule):
         The loss is computed on private rows and is never logged. The step count is a function of public settings
         only (``num_steps``, the trainer's epochs and batches): with one full batch a step, the thesis' plain Adam.
         """
-        x, y = batch  # private rows
+        x, y = batch  # private rows: one of ⌈ñ/B⌉ batches of the epoch (data module), possibly empty
         self.batches_seen += 1
+        if len(x) == 0:  # the steps due are taken on the next batch, or on full batches at the release (catch_up)
+            return
         self._adam_steps(self.embed(x, y), self.optimizers(), self.steps_expected(), self.manual_backward)
 
     def steps_expected(self) -> int:

@@ -33,9 +33,12 @@ and its noisy score. It does not cover K, the unchosen candidates' settings, sco
 and ``tuning.csv`` hold the public plan (η, γ, E[K], ρ, ε_c, σ of the score, the ε of the selection) and the
 chosen row only; the full table of candidates tried is written to ``tuning_private.csv``, whose first line says
 it is outside the guarantee and must not be published; the candidates' folders are deleted unless
-``tune.keep_candidates=true`` (then they are private too). The console log during tuning shows the candidates'
-own runs (an operator's view); ``train.log`` in the run folder is written after the selection and holds only
-what is covered.
+``tune.keep_candidates=true`` (then they are private too). The candidates' own runs (their logs, Lightning's
+lines, warnings: K and each candidate's DP count) go to ``tuning_private.log`` only (``private_log.py``), never
+to the console, which a scheduler may write to a shared log; ``train.log`` in the run folder is written after the
+selection and holds only what is covered. Each candidate's seeds come from the selection's secret randomness
+(like K), so the published config of the chosen one does not reveal its index k, a lower bound on K. Every grid
+point and the validation file are checked in full (``check_candidates``) before the selection's release.
 
 Theorem 2 needs one RDP bound for every candidate the search space can produce, before any is drawn. Tuning is
 therefore limited to models whose releases are all Gaussian and calibrated to ε_c (``TUNABLE``: dp_merf, pearl),
@@ -55,8 +58,7 @@ import logging
 import math
 import secrets
 import shutil
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -65,11 +67,12 @@ import numpy as np
 import yaml
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from lightning_dp.errors import ConfigError, RunExistsError
+from lightning_dp.errors import ConfigError, RunExistsError, UserError
 from lightning_dp.io import atomic_write, atomic_write_text
 from lightning_dp.privacy import mechanisms as mech
 from lightning_dp.privacy.ledger import BudgetExceededError, PrivacyLedger, Release
 from lightning_dp.progress import tracker
+from lightning_dp.tuning.private_log import private_output
 from lightning_dp.tuning.selection import sample_tnb, tnb_mean, tnb_rdp
 
 log = logging.getLogger(__name__)
@@ -84,8 +87,13 @@ MIN_CANDIDATE_EPSILON = 0.02
 # models whose every release is a Gaussian calibrated to the candidate's ε_c, so each candidate's RDP curve is at
 # most the plan's ρλ by construction, for every point of the grid (Theorem 2 needs one bound for all of them)
 TUNABLE = ("dp_merf", "pearl")
+PRIVATE_LOG = "tuning_private.log"
 PRIVATE_HEADER = ("# PRIVATE: every candidate tried and its noisy score. Not covered by the run's DP guarantee "
                   "(Papernot & Steinke cover only the chosen candidate and its score): do not publish this file.")
+
+
+class _CandidateFailed(UserError, RuntimeError):
+    """A candidate stopped after the selection's release; the message says what was spent (no candidate named)."""
 
 
 @dataclass(frozen=True)
@@ -302,7 +310,14 @@ def _score(tc: TuneConfig, p: Plan, dm: Any, synthetic_csv: str, generator: Any)
 
 
 # ---------------------------------------------------------------------------------------------------- the loop
-def _candidate_cfg(cfg: DictConfig, point: dict[str, Any], p: Plan, out: Path, k: int) -> DictConfig:
+def _candidate_cfg(cfg: DictConfig, point: dict[str, Any], p: Plan, out: Path, k: int,
+                   seeds: tuple[int, int]) -> DictConfig:
+    """Candidate ``k``'s config: the run's, at ε_c, with the grid point and the candidate's seeds.
+
+    ``seeds`` (training seed, noise seed) are drawn from the selection's secret randomness, so the chosen
+    candidate's published config says nothing about its index k (which lower-bounds K); ``k`` names only its
+    private folder.
+    """
     cand = copy.deepcopy(cfg)
     with open_dict(cand):
         cand.tune = None
@@ -311,12 +326,60 @@ def _candidate_cfg(cfg: DictConfig, point: dict[str, Any], p: Plan, out: Path, k
         # RDP calibration keeps every Gaussian candidate under the plan's curve; PRV would calibrate to a smaller
         # noise whose RDP curve can exceed it
         cand.privacy.accountant = "rdp"
-        cand.seed = int(cfg.seed) + k
+        cand.seed = int(seeds[0])
         if cfg.privacy.get("noise_seed") is not None:
-            cand.privacy.noise_seed = int(cfg.privacy.noise_seed) + 1 + k
+            cand.privacy.noise_seed = int(seeds[1])
         for key, value in point.items():
             OmegaConf.update(cand, key, value, merge=False)
+        cand.trainer.enable_progress_bar = False  # a candidate's output goes to the private log only
     return cand
+
+
+def check_candidates(cfg: DictConfig, tc: TuneConfig, p: Plan, out: Path) -> None:
+    """Every grid point as a whole candidate config, and the validation file, checked before the selection's release.
+
+    Each candidate config goes through the checks a plain run makes before its first release (settings, trainer,
+    model on the ``meta`` device with the public schema's layout, memory); a PUBLIC validation file is read and
+    validated against the public schema.
+
+    Raises:
+        ConfigError: naming the grid point or the file, and what to change; nothing was spent.
+    """
+    import pandas as pd
+
+    from lightning_dp.data.datamodule import PrivateDataModule
+    from lightning_dp.data.sources import TabularSource
+    from lightning_dp.errors import UserError
+    from lightning_dp.models import check_data
+    from lightning_dp.preflight import check_before_release, check_config
+
+    source = PrivateDataModule(**cfg.data)._load()  # reads the file; releases nothing
+    schema = source.schema if isinstance(source, TabularSource) else None
+    for point in tc.points:
+        cand = _candidate_cfg(cfg, point, p, out, 0, (0, 0))
+        where = f"tune.space.{cfg.model.name} point {json.dumps(point)}"
+        try:
+            check_config(cand)
+            check_data(cand.model, schema)
+            check_before_release(cand, schema)
+        except UserError as err:
+            raise ConfigError(f"{where}: {err}") from None
+        except Exception as err:  # a value of the wrong type reaching a constructor
+            raise ConfigError(f"{where} cannot be built ({type(err).__name__}: {str(err)[:200]}). Fix the grid's "
+                              "values; nothing was spent.") from None
+    if tc.validation and schema is not None:
+        from lightning_dp.data.schema import validate
+
+        try:
+            frame = pd.read_csv(tc.validation, dtype=str, keep_default_na=False)
+            validate(frame, schema, source=f"tune.validation={tc.validation}")
+        except UserError as err:
+            raise ConfigError(f"{err} Fix the validation file or set tune.validation=null; nothing was spent.") from None
+        except Exception as err:
+            raise ConfigError(f"tune.validation={tc.validation!r} could not be read as CSV ({type(err).__name__}: "
+                              f"{str(err)[:200]}). Name a CSV with the data's columns; nothing was spent.") from None
+        if len(frame) == 0:
+            raise ConfigError(f"tune.validation={tc.validation!r} has no rows; nothing was spent.")
 
 
 def _curve(ledger: PrivacyLedger, orders: tuple[float, ...]) -> np.ndarray:
@@ -373,6 +436,7 @@ def tune(cfg: DictConfig, *, overrides: Sequence[str] | None = None) -> dict[str
         raise RunExistsError(f"{str(out)!r} already holds a run. Choose another output_dir=PATH.")
     ledger = make_ledger(cfg.privacy)
     p = plan(tc, ledger)  # refuses before anything is read or written
+    check_candidates(cfg, tc, p, out)
     log.info("Tuning plan: E[K] = %.3g (η=%g, γ=%g); each candidate trains at ε_c = %.4g%s.",
              tnb_mean(tc.eta, tc.gamma), tc.eta, tc.gamma, p.train_epsilon,
              "" if p.score_sigma is None else f" and is scored with Gaussian noise σ = {p.score_sigma:.3g} rows")
@@ -398,8 +462,19 @@ def tune(cfg: DictConfig, *, overrides: Sequence[str] | None = None) -> dict[str
     rows, best = [], None
     tracker.set_epsilon(lambda: f"ε = {ledger.spent:.4g} of {ledger.target_epsilon:g} (the whole selection, spent at its start)")
     try:
-        with tracker.hidden("tuning (elapsed and ε only: the number of candidates is private)"), _quiet_candidates():
-            best = _candidates(cfg, tc, p, out, num, points, rng, envelope, score_gen, rows)
+        # the candidates' logs, prints and warnings go to the private log only (private_log.py): K and each
+        # candidate's run are not covered by the theorem, and the console is what a scheduler writes to a shared log
+        with tracker.hidden("tuning (elapsed and ε only: the number of candidates is private)"), \
+                private_output(out / PRIVATE_LOG):
+            try:
+                best = _candidates(cfg, tc, p, out, num, points, rng, envelope, score_gen, rows)
+            except Exception as err:
+                log.exception("The tuning stopped in a candidate: %s", err)  # private: names the candidate
+                raise _CandidateFailed(
+                    f"A tuning candidate failed ({type(err).__name__}; the details, private, are in {PRIVATE_LOG}). "
+                    f"The selection's whole ε is spent and on the ledger ({ledger.summary()}); nothing was "
+                    "published. Fix the cause and start a new run with another output_dir (its budget composes "
+                    "with this one's).") from None
         assert best is not None  # K >= 1
         chosen, result = best
         run_log = RunLog()
@@ -414,22 +489,6 @@ def tune(cfg: DictConfig, *, overrides: Sequence[str] | None = None) -> dict[str
     return published
 
 
-@contextmanager
-def _quiet_candidates() -> Iterator[None]:
-    """Each candidate's log lines (its releases, Lightning's banners) would count the candidates, which are
-    private (K is secret): below ERROR they are dropped while candidates train; the progress lines say elapsed
-    time and ε only."""
-    names = ("lightning_dp", "pytorch_lightning", "lightning.pytorch", "lightning_fabric", "lightning.fabric")
-    saved = {name: logging.getLogger(name).level for name in names}
-    for name in names:
-        logging.getLogger(name).setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        for name, level in saved.items():
-            logging.getLogger(name).setLevel(level)
-
-
 def _candidates(cfg: DictConfig, tc: TuneConfig, p: Plan, out: Path, num: int, points: list[dict[str, Any]],
                 rng: np.random.Generator, envelope: np.ndarray, score_gen: Any,
                 rows: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]] | None:
@@ -439,13 +498,14 @@ def _candidates(cfg: DictConfig, tc: TuneConfig, p: Plan, out: Path, num: int, p
     best = None
     for k in range(num):
         point = points[int(rng.integers(len(points)))]
-        result = train(_candidate_cfg(cfg, point, p, out, k))
+        seeds = (int(rng.integers(2**31)), int(rng.integers(2**31)))  # secret, like K (_candidate_cfg)
+        result = train(_candidate_cfg(cfg, point, p, out, k, seeds))
         curve = _curve(result["privacy_ledger"], p.orders) + p.score_rdp()
         if np.any(curve > envelope * (1 + 1e-9)):  # cannot happen for TUNABLE models; never publish if it does
             raise RuntimeError(f"Candidate {k}'s releases exceed the plan's Rényi-DP curve, so the selection's "
                                "bound does not hold; nothing was published. Report this with the run's config.")
         score = _score(tc, p, result["datamodule"], result["synthetic"], score_gen)
-        rows.append({"candidate": k, "overrides": json.dumps(point), **score,
+        rows.append({"candidate": k, "overrides": json.dumps(point), **score, "seed": seeds[0],
                      "epsilon_candidate": result["privacy_ledger"].epsilon(), "checkpoint": result["checkpoint"],
                      "synthetic": result["synthetic"]})
         if best is None or score["score"] > best[0]["score"]:

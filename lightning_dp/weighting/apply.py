@@ -74,6 +74,11 @@ class WeightsConfig:
         temper = node.get("temper", 1.0)
         if not (isinstance(temper, int | float) and 0.0 <= temper <= 1.0):
             raise ConfigError(f"weights.temper must be in [0, 1] (w^τ; 1 keeps the weights), got {temper!r}.")
+        for key in ("epsilon", "calibration_epsilon"):
+            value = node.get(key)
+            if value is not None and not (isinstance(value, int | float) and not isinstance(value, bool)
+                                          and math.isfinite(value) and value > 0):
+                raise ConfigError(f"weights.{key} must be a number > 0 (or null), got {value!r}.")
         return cls(estimator=node["estimator"], epsilon=node.get("epsilon"), params=dict(node.get("params") or {}),
                    temper=float(temper), psis=bool(node.get("psis", True)),
                    calibration_epsilon=node.get("calibration_epsilon"),

@@ -133,3 +133,38 @@ def test_public_validation_score_costs_nothing(tmp_path, single_thread, caplog):
     assert summary["score_budget_fraction"] == 0
     assert "charged nothing" in (out / "train.log").read_text()
     assert 0 <= summary["chosen"]["score"] <= 1
+
+
+def test_the_console_and_train_log_are_silent_about_the_candidates(tmp_path, single_thread, capsys):
+    """K and the candidates are outside the theorem: their runs log only to the private file, and the chosen one's
+    published seeds come from secret randomness, not from its index k (seed + k would lower-bound K)."""
+    import importlib.util
+    import sys
+
+    from hydra.core.global_hydra import GlobalHydra
+
+    from lightning_dp.checkpoint import load_checkpoint
+    from tests.conftest import ROOT, TINY, TINY_ONE_SHOT
+
+    spec = importlib.util.spec_from_file_location("train_entry_tuning", ROOT / "train.py")
+    entry = sys.modules["train_entry_tuning"] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(entry)
+    GlobalHydra.instance().clear()
+    out = tmp_path / "run"
+    # γ = 0.3, η = 1: E[K] ≈ 2.3 (the noise seed fixes K for the test)
+    code = entry.cli([f"output_dir={out}", *TINY, *TINY_ONE_SHOT, "model.module.steps_per_epoch=2", "tune=default",
+                      "tune.eta=1", "tune.gamma=0.3", "privacy.noise_seed=3", "privacy.allow_large_delta=true",
+                      "privacy.epsilon=8", f"tune.space={_space(tmp_path)}"])
+    captured = capsys.readouterr()
+    console = captured.out + captured.err
+    assert code == 0, console
+    private_csv = pd.read_csv(out / "tuning_private.csv", comment="#")
+    private_log = (out / "tuning_private.log").read_text()
+    assert private_log.startswith("# PRIVATE") and "Data 'breast_cancer'" in private_log
+    for text in (console, (out / "train.log").read_text()):
+        assert "candidate_" not in text and "Data 'breast_cancer'" not in text and "Seed set to" not in text
+        assert "model.module.num_features" not in text or "Tuning chose" in text  # only the chosen point
+    record = load_checkpoint(out / "checkpoints" / "last.ckpt")["lightning_dp"]
+    chosen = private_csv[private_csv["chosen"]].iloc[0]
+    assert record["config"]["seed"] == int(chosen["seed"])
+    assert all(record["config"]["seed"] != 0 + k for k in range(len(private_csv) + 1))
