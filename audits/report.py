@@ -539,11 +539,14 @@ def run_audit(
     pol = load_policy(policy)  # first: a bad policy fails before any data are read
     check_output_folder(out)  # then a bad --out, before any work
     seed = pol["seed"] if seed is None else seed
-    inputs = load_inputs(
-        synthetic, real=real, holdout=holdout, num_rows=num_rows, seed=seed, data_root=data_root, label=label
-    )
-    report, figures = build_report(inputs, pol, seed=seed, progress=progress)
-    return report, write_report(report, figures, out)
+    with tracker.session():  # progress lines off a terminal from the first read to the last write
+        tracker.stage("audit: read inputs (sample a checkpoint, load REAL and HOLDOUT)")
+        inputs = load_inputs(
+            synthetic, real=real, holdout=holdout, num_rows=num_rows, seed=seed, data_root=data_root, label=label
+        )
+        report, figures = build_report(inputs, pol, seed=seed, progress=progress)
+        tracker.stage("audit: write report.json and report.html")
+        return report, write_report(report, figures, out)
 
 
 def audit_run(
@@ -643,8 +646,10 @@ def audit_run(
         sensitive=sensitive,
         weights=weights,
     )
-    report, figures = build_report(inputs, pol, seed=seed)
-    paths = write_report(report, figures, result["output_dir"])
+    with tracker.session():
+        report, figures = build_report(inputs, pol, seed=seed)
+        tracker.stage("audit: write report.json and report.html")
+        paths = write_report(report, figures, result["output_dir"])
     log.info(
         "Audit %s: %s (private: computed from real rows, not DP)", report["status"].upper(), paths["html"]
     )
