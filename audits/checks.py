@@ -245,6 +245,7 @@ def presence(
         opts["max_risk_above_baseline"],
         at_most=True,
         method=ci["method"],
+        pass_limit=opts["rule_out_risk_above_baseline"],
     )
     return CheckResult(json_safe(res), {"sweep": presence_figure(res)}, verdicts)
 
@@ -299,6 +300,7 @@ def attribute(
         opts["max_risk_above_baseline"],
         at_most=True,
         method=ci["method"],
+        pass_limit=opts["rule_out_risk_above_baseline"],
     )
     return CheckResult(json_safe(res), {"per_column": attribute_figure(res)}, verdicts)
 

@@ -38,6 +38,7 @@ CHECKS: dict[str, dict[str, Any]] = {
         "precision_target": 0.55,
         "n_bootstrap": 500,
         "max_risk_above_baseline": None,
+        "rule_out_risk_above_baseline": None,
     },
     "attribute_disclosure": {
         "known_columns": None,
@@ -46,6 +47,7 @@ CHECKS: dict[str, dict[str, Any]] = {
         "tolerance_mode": "relative",
         "n_bootstrap": 200,
         "max_risk_above_baseline": None,
+        "rule_out_risk_above_baseline": None,
     },
     "copies": {
         "bins": 500,
@@ -290,6 +292,7 @@ def _check_values(name: str, opts: dict[str, Any], source: str) -> None:
         "max_auc": (0.0, 1.0, "an AUC"),
         "rule_out_auc": (0.0, 1.0, "an AUC"),
         "max_risk_above_baseline": (-1.0, 1.0, "a difference of rates"),
+        "rule_out_risk_above_baseline": (-1.0, 1.0, "a difference of rates"),
     }
     for key, (low, high, what) in ranges.items():
         value = opts.get(key)
