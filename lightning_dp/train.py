@@ -25,10 +25,12 @@ from lightning_dp.models import build_mechanisms, build_model, check_data
 from lightning_dp.preflight import (
     ConfigError,
     check_before_release,
+    check_model,
     check_rows_memory,
     check_run,
     check_space,
     checkpoint_bytes,
+    schema_layout,
 )
 from lightning_dp.privacy import mechanisms as mech
 from lightning_dp.privacy.coverage import complete_mechanisms
@@ -307,6 +309,8 @@ def _train(cfg: DictConfig, *, overrides: Sequence[str] | None, run_log: RunLog,
     if rank == 0:
         publish_prefit(out, ledger=ledger.state_dict(), data=dm.state_dict(), complete=True)
     num_weighted = _reserve_weights(cfg, weighting, dm, ledger) if weighting is not None else 0
+    if dm.kind == "image" or schema_layout(public.get("schema")) is None:  # the layout was not public before
+        check_model(cfg, dm.layout)
     model = build_model(cfg.model, dm.layout)
     advise(cfg, dm)
     check_space(out, checkpoint_bytes(model))
