@@ -51,11 +51,31 @@ Policy format (YAML; the default is ``audits/policies/default.yaml``)::
       membership:               # attacks of audits.membership on the synthetic set
         attacks: [dcr, dcr_ratio, domias]
         n_bootstrap: 200        # bootstrap of the reported TPR intervals (the AUC verdict uses DeLong's)
-        max_auc: 0.6            # every attack's ROC-AUC <= 0.6
+        max_auc: 0.53           # FAIL when an attack's whole DeLong interval is above 0.53
+        rule_out_auc: 0.65      # PASS when every attack's interval is within 0.65 (null: max_auc, the plain rule)
+      copies:                   # audits.leaks.copies: every synthetic row against REAL, HOLDOUT as control
+        bins: 500               # quantile bins of REAL's numbers for record linkage (audits.linkage)
+        null_rate: 0.01         # τ: the match weight a HOLDOUT row exceeds with this probability
+        max_exact_excess: 0.002         # exact copies: synthetic share minus HOLDOUT share
+        rule_out_exact_excess: 0.05
+        max_near_excess: 0.005          # rows linked above τ: synthetic share minus HOLDOUT share
+        rule_out_near_excess: 0.1
+      vulnerable_records:       # audits.leaks.vulnerable: the k most unusual REAL rows vs HOLDOUT's
+        k: 100
+        max_differences: 2      # a synthetic match equal in all but at most 2 columns singles a record out
+        bins: 500
+        max_singled_out_excess: 0.05
+        rule_out_singled_out_excess: 0.25
+      linkability:              # audits.leaks.linkability (Anonymeter's definition), non-members as control
+        aux_columns: null       # two lists of columns; null: alternate columns
+        bins: 500
+        max_linked_excess: 0.01
+        rule_out_linked_excess: 0.1
       presence_disclosure:      # Diesendruck 2019 Ch. 4, r* = largest distance threshold with precision > target
         precision_target: 0.55
         n_bootstrap: 500
         max_risk_above_baseline: 0.05   # sensitivity at r* minus the held-out baseline's
+        rule_out_risk_above_baseline: 0.15   # PASS when the interval is within it (also for attribute disclosure)
       attribute_disclosure:     # kNN imputation of the unknown columns from the synthetic set
         known_columns: null     # default: the first half of the columns
         k: 5
@@ -89,7 +109,9 @@ Policy format (YAML; the default is ``audits/policies/default.yaml``)::
         max_mean_tv: 0.2        # also: max_mean_ks, max_mean_w1, max_two_way_marginal, max_range_query_error
 
 Options named ``max_*``/``min_*`` (and ``lmdp_mmd.alpha``, ``lmdp_ksd.alpha``) are thresholds, each one verdict in
-the report (``lmdp_ksd.alpha`` one per test); a threshold left null only reports its number. A check that is
+the report (``lmdp_ksd.alpha`` one per test); a threshold left null only reports its number. ``rule_out_X`` beside
+``max_X`` separates the two limits of a leak detector (:func:`audits.verdicts.decide`). The α-LMDP checks never
+decide the status, wherever they are listed: they are reported with the role ``property``. A check that is
 skipped (no label, too few candidates) makes its thresholds inconclusive, except one that does not apply to the
 inputs (``lmdp_ksd`` without an energy model), which sets none. Distance-based checks run chunked (bounded memory) in the building blocks. ``--out`` is
 checked before any data are read, and both report files are written together after every check has run
@@ -517,11 +539,14 @@ def run_audit(
     pol = load_policy(policy)  # first: a bad policy fails before any data are read
     check_output_folder(out)  # then a bad --out, before any work
     seed = pol["seed"] if seed is None else seed
-    inputs = load_inputs(
-        synthetic, real=real, holdout=holdout, num_rows=num_rows, seed=seed, data_root=data_root, label=label
-    )
-    report, figures = build_report(inputs, pol, seed=seed, progress=progress)
-    return report, write_report(report, figures, out)
+    with tracker.session():  # progress lines off a terminal from the first read to the last write
+        tracker.stage("audit: read inputs (sample a checkpoint, load REAL and HOLDOUT)")
+        inputs = load_inputs(
+            synthetic, real=real, holdout=holdout, num_rows=num_rows, seed=seed, data_root=data_root, label=label
+        )
+        report, figures = build_report(inputs, pol, seed=seed, progress=progress)
+        tracker.stage("audit: write report.json and report.html")
+        return report, write_report(report, figures, out)
 
 
 def audit_run(
@@ -621,8 +646,10 @@ def audit_run(
         sensitive=sensitive,
         weights=weights,
     )
-    report, figures = build_report(inputs, pol, seed=seed)
-    paths = write_report(report, figures, result["output_dir"])
+    with tracker.session():
+        report, figures = build_report(inputs, pol, seed=seed)
+        tracker.stage("audit: write report.json and report.html")
+        paths = write_report(report, figures, result["output_dir"])
     log.info(
         "Audit %s: %s (private: computed from real rows, not DP)", report["status"].upper(), paths["html"]
     )

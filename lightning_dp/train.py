@@ -21,7 +21,7 @@ from lightning_dp.data.datamodule import PrivateDataModule
 from lightning_dp.data.dp_count import RowCount
 from lightning_dp.errors import RunExistsError, StorageError, UserError, python_command
 from lightning_dp.launch import launch_rank, publish_prefit, wait_for_prefit
-from lightning_dp.models import build_mechanisms, build_model, check_data
+from lightning_dp.models import build_mechanisms, build_model, check_data, minmax_columns
 from lightning_dp.preflight import (
     ConfigError,
     check_before_release,
@@ -304,7 +304,8 @@ def _train(cfg: DictConfig, *, overrides: Sequence[str] | None, run_log: RunLog,
                                          check_rows_memory(count.value, public.get("schema"))),
                count_budget_fraction=cfg.privacy.get("count_budget_fraction", 0.02),
                check_schema=lambda schema: (check_data(cfg.model, schema), public.update(schema=schema),
-                                            check_before_release(cfg, schema, weighting if resume is None else None)))
+                                            check_before_release(cfg, schema, weighting if resume is None else None)),
+               minmax_columns=lambda schema: minmax_columns(cfg.model, schema))
     ledger.commit = None
     if rank == 0:
         publish_prefit(out, ledger=ledger.state_dict(), data=dm.state_dict(), complete=True)
