@@ -164,8 +164,9 @@ def check_trainer(cfg: DictConfig, *, sgd: bool) -> None:
 
 
 def schema_layout(schema: object) -> dict[str, object] | None:
-    """The model-space layout of a public schema, or None when a DP release decides it (bounds or categories left
-    to the data)."""
+    """The model-space layout of a public schema with one number per continuous column (``minmax``), or None when
+    a DP release decides the bounds or categories. With ``data.representation=cells`` the run's layout is wider
+    (its cells may be a later release), so sizes from this layout are lower bounds: a refusal on them is sound."""
     from lightning_dp.data.dp_preprocessing import needs_release
     from lightning_dp.data.encoders import TabularEncoder
 

@@ -30,7 +30,6 @@ from lightning_dp.preflight import (
     check_run,
     check_space,
     checkpoint_bytes,
-    schema_layout,
 )
 from lightning_dp.privacy import mechanisms as mech
 from lightning_dp.privacy.coverage import complete_mechanisms
@@ -310,8 +309,7 @@ def _train(cfg: DictConfig, *, overrides: Sequence[str] | None, run_log: RunLog,
     if rank == 0:
         publish_prefit(out, ledger=ledger.state_dict(), data=dm.state_dict(), complete=True)
     num_weighted = _reserve_weights(cfg, weighting, dm, ledger) if weighting is not None else 0
-    if dm.kind == "image" or schema_layout(public.get("schema")) is None:  # the layout was not public before
-        check_model(cfg, dm.layout)
+    check_model(cfg, dm.layout)  # the run's own layout (cells and categories a release may have decided)
     model = build_model(cfg.model, dm.layout)
     advise(cfg, dm)
     check_space(out, checkpoint_bytes(model))
