@@ -25,6 +25,7 @@ from lightning_dp.models import build_mechanisms, build_model, check_data, minma
 from lightning_dp.preflight import (
     ConfigError,
     check_before_release,
+    check_model,
     check_rows_memory,
     check_run,
     check_space,
@@ -308,6 +309,7 @@ def _train(cfg: DictConfig, *, overrides: Sequence[str] | None, run_log: RunLog,
     if rank == 0:
         publish_prefit(out, ledger=ledger.state_dict(), data=dm.state_dict(), complete=True)
     num_weighted = _reserve_weights(cfg, weighting, dm, ledger) if weighting is not None else 0
+    check_model(cfg, dm.layout)  # the run's own layout (cells and categories a release may have decided)
     model = build_model(cfg.model, dm.layout)
     advise(cfg, dm)
     check_space(out, checkpoint_bytes(model))

@@ -178,6 +178,7 @@ class AdaptiveMarginals(Callback):
         module.num_rows.fill_(max(float(self.datamodule.released_num_rows), 1.0))
         for c, values in enumerate(noisy):
             module.add_measurement((c,), values, sigma * delta_1)
+        module.start_from_one_way()
         module.rho_total.fill_(rho)
         module.rho_used.fill_(columns / (2 * sigma**2))
         module.round_sigma.fill_(sigma)

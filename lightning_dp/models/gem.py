@@ -228,6 +228,19 @@ class GEM(GeneratorModule):
         end = self.meas_offsets[-1:] + noisy.numel()
         self.meas_offsets = torch.cat([self.meas_offsets, end])
 
+    @torch.no_grad()
+    def start_from_one_way(self) -> None:
+        """Start every column at its released 1-way proportions (clipped at 1e-3): the output layer's bias is their
+        log, its weights stay 0, so the fit begins at the independent model of the 1-way measurements."""
+        out = getattr(self.generator, "out", None)
+        if not isinstance(out, nn.Linear):
+            return
+        o = self.offsets
+        for clique, y, _ in self.pooled():
+            if len(clique) == 1:
+                p = (y / float(self.num_rows)).clamp_min(1e-3)
+                out.bias[o[clique[0]] : o[clique[0] + 1]] = (p / p.sum()).log().to(out.bias)
+
     def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any, **kwargs: Any) -> None:
         """The measurements' sizes are known only after the releases: take the saved ones before loading them."""
         for name in GROWING:

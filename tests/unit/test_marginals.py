@@ -156,3 +156,16 @@ def test_the_gram_loss_is_the_sum_over_measured_cliques():
     assert float(loss) == pytest.approx(float(expected), rel=1e-4)
     answers = module.answers([(1, 3), (0, 2, 3)], draws=64)
     assert [a.numel() for a in answers] == [6, 20] and float(answers[0].sum()) == pytest.approx(50.0)
+
+
+def test_the_fit_starts_from_the_released_one_way_proportions():
+    disc = Discretisation.of(n_continuous=0, block_sizes=[3], num_classes=2, continuous_units=[], bins=8)
+    module = GEM(ProductGenerator(level_sizes=disc.levels, latent_dim=4, hidden=[8]), n_continuous=0,
+                 block_sizes=[3], num_classes=2, continuous_units=[], bins=8)
+    module.num_rows.fill_(100.0)
+    module.add_measurement((0,), torch.tensor([50.0, 30.0, -5.0]), 1.0)  # a negative noisy count: clipped
+    module.add_measurement((1,), torch.tensor([75.0, 25.0]), 1.0)
+    module.start_from_one_way()
+    first, label = module.level_probs(3)
+    assert torch.allclose(label, torch.tensor([0.75, 0.25]).expand(3, 2), atol=1e-6)
+    assert torch.allclose(first[0], torch.tensor([0.5, 0.3, 0.001]) / 0.801, atol=1e-6)
