@@ -47,9 +47,11 @@ log = logging.getLogger(__name__)
 class _DropTips(logging.Filter):
     """Lines Lightning prints on every run that say nothing a user can act on: its advertisement for a cloud
     logger, "GPU/TPU/HPU available: False" on a CPU machine (a GPU that is there but unused is still shown),
-    and "`Trainer.fit` stopped: `max_epochs=3` reached" (the progress lines and the summary say it)."""
+    "`Trainer.fit` stopped: `max_epochs=3` reached" (the progress lines and the summary say it), and its two
+    "Restoring/Restored states" lines on a resume."""
 
-    NOISE = re.compile(r"💡 Tip|(GPU|TPU|HPU|IPU) available: False|`Trainer\.fit` stopped: `max_(epochs|steps)=")
+    NOISE = re.compile(r"💡 Tip|(GPU|TPU|HPU|IPU) available: False|`Trainer\.fit` stopped: `max_(epochs|steps)=|"
+                       r"Restor(ing|ed all) states from the checkpoint")  # our "Resuming from ..." line says it
 
     def filter(self, record: logging.LogRecord) -> bool:
         return not self.NOISE.match(str(record.msg))
