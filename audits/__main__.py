@@ -79,6 +79,13 @@ def main(argv: list[str] | None = None) -> int:
         return one_run_main(argv[1:])
     args = parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    from lightning_dp.progress import plain_console
+
+    with plain_console():  # progress lines (off a terminal) without the logging prefix
+        return _audit(args)
+
+
+def _audit(args: argparse.Namespace) -> int:
     from audits.inputs import InputError, check_num_rows
     from audits.output import check_output_folder
     from audits.policy import PolicyError, load_policy

@@ -158,6 +158,8 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=200, help="runs per side (D and D')")
     parser.add_argument("--deterministic", action="store_true", help="only the deterministic-value check (2 to 8 runs per side)")
     parser.add_argument("--format", choices=FORMATS, default="csv", help="how D and D' are written (docstring)")
+    parser.add_argument("--report-every", type=int, default=0,
+                        help="also print the worst bound every N runs per side (a long run's partial figures)")
     parser.add_argument("--set", nargs="*", default=[], help="extra Hydra overrides")
     args = parser.parse_args()
     import logging
@@ -180,6 +182,10 @@ def main() -> None:
         runs.append(Run(run_once(cfg, d_path, work / "run"), with_canary=False))
         if (i + 1) % 25 == 0:
             print(f"  {i + 1} runs per side, {time.time() - start:.0f} s", flush=True)
+        if args.report_every and (i + 1) % args.report_every == 0 and i + 1 < args.runs:
+            worst = epsilon_lower_bounds(runs, delta=DELTA)[0]
+            print(f"  partial, {i + 1} runs per side: max ε lower bound {worst.epsilon_lower_bound:.3f} "
+                  f"({worst.artefact})", flush=True)
     claimed = float(cfg.privacy.epsilon)
     bounds = epsilon_lower_bounds(runs, delta=DELTA)
     print(f"\n{args.config} ({args.format}): {args.runs} runs per side on D and D' = D + 1 row; claimed ε = {claimed:g}, δ = {DELTA:g}; "

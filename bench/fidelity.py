@@ -4,7 +4,7 @@
         [--out /tmp/ldp-fidelity] [--write docs/results.md]
 
 Each model is trained with ``train(cfg)`` from ``configs/experiment/<name>.yaml`` (at (ε, δ) = (1, 1e-5)) into
-``--out`` (a run already there is reused), on one torch thread. ``--before`` adds one seed of each model with
+``--out`` (a run and its scores already there are reused), on one torch thread. ``--before`` adds one seed of each model with
 ``data.representation=minmax`` (the one-number-per-column encoding every generator used before cells). Each
 synthetic table (as many rows as the run's DP count) is compared with the real Adult test file:
 
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import logging
 import platform
 import shlex
@@ -181,7 +182,12 @@ def main(argv: list[str] | None = None) -> int:
             path = train_run(experiment, seed, folder, [f"data.representation={representation}"])
             seconds = float((folder / "train_seconds.txt").read_text()) if (folder / "train_seconds.txt").exists() \
                 else float("nan")
-            s = score(pd.read_csv(path), data, schema)
+            cached = folder / "fidelity_score.json"
+            if cached.is_file():
+                s = json.loads(cached.read_text())
+            else:
+                s = score(pd.read_csv(path), data, schema)
+                cached.write_text(json.dumps(s))
             print(f"{experiment} {representation} seed {seed}: mean {s['mean']:.3f} max {s['max']:.3f} ({s['worst']})"
                   f" zero {s['zero']:.3f} 2-way {s['two_way']:.3f} ROC {s['roc_hard']:.3f} / {s['roc_score']:.3f}",
                   flush=True)

@@ -164,8 +164,9 @@ def check_trainer(cfg: DictConfig, *, sgd: bool) -> None:
 
 
 def schema_layout(schema: object) -> dict[str, object] | None:
-    """The model-space layout of a public schema, or None when a DP release decides it (bounds or categories left
-    to the data)."""
+    """The model-space layout of a public schema with one number per continuous column (``minmax``), or None when
+    a DP release decides the bounds or categories. With ``data.representation=cells`` the run's layout is wider
+    (its cells may be a later release), so sizes from this layout are lower bounds: a refusal on them is sound."""
     from lightning_dp.data.dp_preprocessing import needs_release
     from lightning_dp.data.encoders import TabularEncoder
 
@@ -192,41 +193,58 @@ def check_before_release(cfg: DictConfig, schema: object, weighting: object | No
     Raises:
         ConfigError, ResourceError, BudgetExceededError: with the setting to change; nothing was spent.
     """
-    from lightning_dp.models import build_model
-    from lightning_dp.resources import check_memory, module_bytes
-
     layout = schema_layout(schema)
     if layout is None:
         return
-    try:
-        with __import__("torch").device("meta"):
-            model = build_model(cfg.model, layout)
-    except (TypeError, ValueError) as err:  # a setting of the wrong type or range reaching a constructor
-        if isinstance(err, ConfigError):
-            raise
-        raise ConfigError(f"model={cfg.model.name} cannot be built with these settings ({err}). Fix model.module.*; "
-                          "nothing was spent.") from None
-    except (RuntimeError, NotImplementedError) as err:  # an operation the meta device lacks: no estimate, no refusal
-        log.debug("model=%s could not be sized on the meta device (%s); its memory is not checked.", cfg.model.name, err)
-        return
-    width = layout["n_continuous"] + sum(layout["block_sizes"])
-    check_memory(TRAINING_COPIES * module_bytes(lambda: model),
-                 what=f"Training model={cfg.model.name} on {width:,} model-space columns (the schema's continuous "
-                      "columns and categories)",
-                 fix="Declare fewer categories (merge rare ones), drop columns, or shrink the model's networks")
+    model = check_model(cfg, layout)
     accumulate = (cfg.trainer.get("accumulate_grad_batches") or 1)
-    if accumulate != 1 and not getattr(model, "automatic_optimization", True):
+    if accumulate != 1 and model is not None and not getattr(model, "automatic_optimization", True):
         raise ConfigError(f"trainer.accumulate_grad_batches={accumulate}: model={cfg.model.name} takes its optimiser "
                           "steps itself, which Lightning cannot accumulate. Drop the setting; nothing was spent.")
     if weighting is not None:
         _plan_weights(cfg, weighting, layout)
 
 
+def check_model(cfg: DictConfig, layout: dict[str, object]) -> object | None:
+    """Build the model on the ``meta`` device (no storage) for ``layout`` and check its training memory (weights,
+    gradients, two Adam moments) against the machine's; returns the meta model, or None where the meta device
+    cannot build it (no estimate, no refusal).
+
+    Before the first release when the public schema fixes the layout (:func:`check_before_release`); after the
+    schema release otherwise (the refusal then says what was spent, ``train.say_spent``).
+
+    Raises:
+        ConfigError: a setting of the wrong type or range; ResourceError: the model does not fit.
+    """
+    import torch
+
+    from lightning_dp.models import build_model
+    from lightning_dp.resources import check_memory, module_bytes
+
+    try:
+        with torch.device("meta"):
+            model = build_model(cfg.model, layout)
+    except (TypeError, ValueError) as err:  # a setting of the wrong type or range reaching a constructor
+        if isinstance(err, ConfigError):
+            raise
+        raise ConfigError(f"model={cfg.model.name} cannot be built with these settings ({err}). Fix model.module.*; "
+                          "nothing was spent.") from None
+    except (RuntimeError, NotImplementedError) as err:  # an operation the meta device lacks
+        log.debug("model=%s could not be sized on the meta device (%s); its memory is not checked.", cfg.model.name, err)
+        return None
+    width = layout["n_continuous"] + sum(layout["block_sizes"])
+    check_memory(TRAINING_COPIES * module_bytes(lambda: model),
+                 what=f"Training model={cfg.model.name} on {width:,} model-space columns (the schema's continuous "
+                      "columns and categories)",
+                 fix="Declare fewer categories (merge rare ones), drop columns, or shrink the model's networks")
+    return model
+
+
 def check_rows_memory(num_rows: float, schema: object) -> None:
     """The training rows in model space (float32, twice over while encoding) against the machine's memory.
 
     Needs the row count, so it runs on the DP count just after its release (the refusal then says what was spent,
-    ``train.say_spent``); a schema whose layout a later release decides is checked by its declared part only.
+    ``train.say_spent``); a schema whose layout a later release decides is not checked here.
 
     Raises:
         ResourceError: with the size and what to change.

@@ -167,11 +167,11 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("pytorch_lightning", "lightning_fabric", "lightning"):  # priv_mlp trains with a Trainer: no banners
         logging.getLogger(name).setLevel(logging.WARNING)
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*")
-    from lightning_dp.progress import tracker
+    from lightning_dp.progress import plain_console, tracker
 
     try:
         if args.weights is None:
-            with tracker.session():
+            with plain_console(), tracker.session():
                 tracker.stage("sample", total=args.num_rows, unit="rows")
                 path = sample_checkpoint(args.checkpoint, args.num_rows, args.out, seed=args.seed)
             print(f"wrote {args.num_rows} rows to {path}")

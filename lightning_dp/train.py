@@ -25,6 +25,7 @@ from lightning_dp.models import build_mechanisms, build_model, check_data, minma
 from lightning_dp.preflight import (
     ConfigError,
     check_before_release,
+    check_model,
     check_rows_memory,
     check_run,
     check_space,
@@ -46,9 +47,11 @@ log = logging.getLogger(__name__)
 class _DropTips(logging.Filter):
     """Lines Lightning prints on every run that say nothing a user can act on: its advertisement for a cloud
     logger, "GPU/TPU/HPU available: False" on a CPU machine (a GPU that is there but unused is still shown),
-    and "`Trainer.fit` stopped: `max_epochs=3` reached" (the progress lines and the summary say it)."""
+    "`Trainer.fit` stopped: `max_epochs=3` reached" (the progress lines and the summary say it), and its two
+    "Restoring/Restored states" lines on a resume."""
 
-    NOISE = re.compile(r"💡 Tip|(GPU|TPU|HPU|IPU) available: False|`Trainer\.fit` stopped: `max_(epochs|steps)=")
+    NOISE = re.compile(r"💡 Tip|(GPU|TPU|HPU|IPU) available: False|`Trainer\.fit` stopped: `max_(epochs|steps)=|"
+                       r"Restor(ing|ed all) states from the checkpoint")  # our "Resuming from ..." line says it
 
     def filter(self, record: logging.LogRecord) -> bool:
         return not self.NOISE.match(str(record.msg))
@@ -308,6 +311,7 @@ def _train(cfg: DictConfig, *, overrides: Sequence[str] | None, run_log: RunLog,
     if rank == 0:
         publish_prefit(out, ledger=ledger.state_dict(), data=dm.state_dict(), complete=True)
     num_weighted = _reserve_weights(cfg, weighting, dm, ledger) if weighting is not None else 0
+    check_model(cfg, dm.layout)  # the run's own layout (cells and categories a release may have decided)
     model = build_model(cfg.model, dm.layout)
     advise(cfg, dm)
     check_space(out, checkpoint_bytes(model))

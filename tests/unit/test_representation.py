@@ -138,3 +138,18 @@ def test_checkpoint_state_without_representation_decodes_as_minmax():
     assert enc.representation == "minmax" and enc.block_sizes == [2, 2]
     x = torch.tensor([[0.5, 0.1, 1.0, 0.0, 0.0, 1.0]])
     assert enc.inverse_transform(x)["premium"].iloc[0] == 10000.0
+
+
+def test_csv_without_schema_proposes_types_without_bounds(tmp_path):
+    from lightning_dp.data.sources import load_csv
+
+    rows = claims_like(400)
+    rows.to_csv(tmp_path / "claims.csv", index=False)
+    with pytest.raises(DataError) as err:
+        load_csv(tmp_path / "claims.csv")
+    text = str(err.value)
+    assert '{name: "premium", type: continuous, decimals: 2, spikes: [0]}' in text
+    (age,) = [line for line in text.splitlines() if '"vehicle_age"' in line]
+    assert "type: continuous, integer: true" in age and "missing: true" in age
+    assert '{name: "kind", type: categorical}' in text and "shown only to you" in text
+    assert "bounds: [" not in text.split("columns:")[-1]  # no private extremes in the proposal
