@@ -270,6 +270,8 @@ def _train(cfg: DictConfig, *, overrides: Sequence[str] | None, run_log: RunLog,
     ledger = make_ledger(cfg.privacy)
     held.update(ledger=ledger, output_dir=str(out))  # for the message of a refusal after a release
     tracker.set_epsilon(lambda: f"ε = {ledger.spent:.4g} of {ledger.target_epsilon:g}")
+    if rank > 0:  # under DDP rank 0 alone writes progress lines
+        tracker.enabled = False
     tracker.stage("prepare data (row count and schema releases)")
     data_state, ckpt_path = None, None
     if resume is not None:
