@@ -178,7 +178,9 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         weights = {"estimator": args.weights, "epsilon": args.weights_epsilon, "temper": args.temper,
                    "psis": not args.no_psis, "allow_non_private": args.allow_non_private_weights}
-        path, summary = sample_weighted(args.checkpoint, args.num_rows, args.out, weights=weights, seed=args.seed)
+        with plain_console(), tracker.session():  # elapsed time while the weights are fitted (their steps: Lightning's)
+            tracker.stage(f"weights: {args.weights} (fit the weights, then sample)")
+            path, summary = sample_weighted(args.checkpoint, args.num_rows, args.out, weights=weights, seed=args.seed)
     except (UserError, ValueError) as err:  # bad input (CheckpointError, UnsafeConfigError, DataError): says why
         print(f"error: {err}", file=sys.stderr)
         return EXIT_USER_ERROR

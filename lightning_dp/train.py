@@ -47,9 +47,11 @@ log = logging.getLogger(__name__)
 class _DropTips(logging.Filter):
     """Lines Lightning prints on every run that say nothing a user can act on: its advertisement for a cloud
     logger, "GPU/TPU/HPU available: False" on a CPU machine (a GPU that is there but unused is still shown),
-    and "`Trainer.fit` stopped: `max_epochs=3` reached" (the progress lines and the summary say it)."""
+    "`Trainer.fit` stopped: `max_epochs=3` reached" (the progress lines and the summary say it), and its two
+    "Restoring/Restored states" lines on a resume."""
 
-    NOISE = re.compile(r"💡 Tip|(GPU|TPU|HPU|IPU) available: False|`Trainer\.fit` stopped: `max_(epochs|steps)=")
+    NOISE = re.compile(r"💡 Tip|(GPU|TPU|HPU|IPU) available: False|`Trainer\.fit` stopped: `max_(epochs|steps)=|"
+                       r"Restor(ing|ed all) states from the checkpoint")  # our "Resuming from ..." line says it
 
     def filter(self, record: logging.LogRecord) -> bool:
         return not self.NOISE.match(str(record.msg))
@@ -268,6 +270,8 @@ def _train(cfg: DictConfig, *, overrides: Sequence[str] | None, run_log: RunLog,
     ledger = make_ledger(cfg.privacy)
     held.update(ledger=ledger, output_dir=str(out))  # for the message of a refusal after a release
     tracker.set_epsilon(lambda: f"ε = {ledger.spent:.4g} of {ledger.target_epsilon:g}")
+    if rank > 0:  # under DDP rank 0 alone writes progress lines
+        tracker.enabled = False
     tracker.stage("prepare data (row count and schema releases)")
     data_state, ckpt_path = None, None
     if resume is not None:
