@@ -14,6 +14,10 @@ Exit codes:
 * 3: an unexpected error (a bug: its traceback is printed); nothing is written;
 * 4: the policy was inconclusive (no threshold failed, but at least one could not be decided, or nothing was
   decided at all, e.g. every check was skipped).
+
+``python -m audits one-run --canaries M --out DIR -- OVERRIDES...``: the one-run privacy audit of the training
+pipeline (:mod:`audits.one_run`); exit 0 when its ε lower bound does not exceed the claimed ε, 1 when it does,
+2 bad input.
 """
 
 from __future__ import annotations
@@ -65,9 +69,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the audit; the exit code (see the module docstring)."""
+    """Run the audit; the exit code (see the module docstring). ``python -m audits one-run ...`` runs the one-run
+    privacy audit of the pipeline instead (:mod:`audits.one_run`)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["one-run"]:
+        logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+        from audits.one_run import main as one_run_main
+
+        return one_run_main(argv[1:])
     args = parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    from lightning_dp.progress import plain_console
+
+    with plain_console():  # progress lines (off a terminal) without the logging prefix
+        return _audit(args)
+
+
+def _audit(args: argparse.Namespace) -> int:
     from audits.inputs import InputError, check_num_rows
     from audits.output import check_output_folder
     from audits.policy import PolicyError, load_policy

@@ -126,6 +126,7 @@ def audit(synthetic: pd.DataFrame | str | Path | Any, real: pd.DataFrame | str |
     from audits.output import check_output_folder
     from audits.policy import load_policy
     from audits.report import build_report, write_report
+    from lightning_dp.progress import tracker
 
     pol = load_policy(policy)  # first: a bad policy fails before any data are read
     if out is not None:
@@ -138,7 +139,8 @@ def audit(synthetic: pd.DataFrame | str | Path | Any, real: pd.DataFrame | str |
         synthetic = synthetic.checkpoint
     seed = pol["seed"] if seed is None else seed
     in_memory = {}
-    with tempfile.TemporaryDirectory(prefix="lightning-dp-audit-") as tmp:
+    with tracker.session(), tempfile.TemporaryDirectory(prefix="lightning-dp-audit-") as tmp:
+        tracker.stage("audit: read inputs")
         Path(tmp).chmod(0o700)  # private rows: owner-only, removed when the audit returns
         args = {}
         for what, value in (("synthetic", synthetic), ("real", real), ("holdout", holdout)):
@@ -150,10 +152,10 @@ def audit(synthetic: pd.DataFrame | str | Path | Any, real: pd.DataFrame | str |
                 args[what] = str(value)
         inputs = load_inputs(args["synthetic"], real=args["real"], holdout=args["holdout"], num_rows=num_rows,
                              seed=seed, data_root=data_root, label=label)
-    for what in in_memory:  # the temporary file is gone: name what it was
-        inputs.sources[what]["path"] = IN_MEMORY
-    report, figures = build_report(inputs, pol, seed=seed)
-    result = Report(report, figures)
-    if out is not None:
-        write_report(report, figures, out)
-    return result
+        for what in in_memory:  # the temporary file goes: name what it was
+            inputs.sources[what]["path"] = IN_MEMORY
+        report, figures = build_report(inputs, pol, seed=seed)
+        if out is not None:
+            tracker.stage("audit: write report.json and report.html")
+            write_report(report, figures, out)
+    return Report(report, figures)

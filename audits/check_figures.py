@@ -77,3 +77,37 @@ def attribute_figure(res: dict[str, Any]) -> Figure:
     )
     fig.legend(loc="outside lower center", ncols=2, fontsize="small")
     return fig
+
+
+def copies_figure(synthetic: np.ndarray, holdout: np.ndarray, tau: float) -> Figure:
+    """Histograms of the best match weight to REAL of every synthetic row and of the HOLDOUT control rows."""
+    fig = Figure(figsize=(7, 3.6), layout="constrained")
+    ax = fig.subplots()
+    both = np.concatenate([synthetic, holdout])
+    bins = np.linspace(both.min(), both.max(), 60) if both.max() > both.min() else 10
+    ax.hist(synthetic, bins=bins, density=True, alpha=0.5, label="synthetic rows")
+    ax.hist(holdout, bins=bins, density=True, histtype="step", color="black", label="HOLDOUT rows (control)")
+    ax.axvline(tau, color="red", linestyle="--", label="τ")
+    ax.set(xlabel="best match weight to a REAL row", ylabel="density", yscale="log", title="Links to REAL rows")
+    ax.legend(fontsize="small")
+    return fig
+
+
+def vulnerable_figure(res: dict[str, Any]) -> Figure:
+    """Each examined record's best match weight to a synthetic row against that to another real row."""
+    fig = Figure(figsize=(6, 5), layout="constrained")
+    ax = fig.subplots()
+    for side, marker in (("members", "o"), ("control", "x")):
+        ax.scatter(res[side]["to_other_real"], res[side]["to_synthetic"], marker=marker, s=14, label=side)
+    lim = [
+        min(np.min(res[s][k]) for s in ("members", "control") for k in ("to_other_real", "to_synthetic")),
+        max(np.max(res[s][k]) for s in ("members", "control") for k in ("to_other_real", "to_synthetic")),
+    ]
+    ax.plot(lim, lim, color="grey", linestyle=":")
+    ax.set(
+        xlabel="best match weight to another real row",
+        ylabel="best match weight to a synthetic row",
+        title=f"The {res['k']} most unusual rows (above the diagonal: singled out)",
+    )
+    ax.legend(fontsize="small")
+    return fig

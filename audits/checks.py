@@ -28,11 +28,19 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from audits.check_figures import attribute_figure, presence_figure, roc_figure
+from audits import leaks
+from audits.check_figures import (
+    attribute_figure,
+    copies_figure,
+    presence_figure,
+    roc_figure,
+    vulnerable_figure,
+)
 from audits.disclosure import attribute_disclosure, presence_disclosure
 from audits.distances import TabularEncoder
 from audits.fidelity import plot_marginals, tabular_fidelity
 from audits.inputs import AuditInputs
+from audits.linkage import MatchWeights
 from audits.lmdp import mmd_permutation_test, robust_standardise
 from audits.lmdp_checks import ksd_section, not_applicable
 from audits.membership import run_attack
@@ -82,8 +90,10 @@ class Context:
         at_most: bool,
         method: str = "",
         not_estimable: str = "",
+        pass_limit: Any = None,
     ) -> list[Verdict]:
-        """``[Verdict]`` for a set threshold, ``[]`` when ``limit`` is None (the option only reports)."""
+        """``[Verdict]`` for a set threshold, ``[]`` when ``limit`` is None (the option only reports);
+        ``pass_limit`` is the leak a pass rules out (None: ``limit``, see :func:`audits.verdicts.decide`)."""
         if limit is None:
             return []
         value = None if value is None else float(value)
@@ -100,6 +110,7 @@ class Context:
                 method=method,
                 not_estimable=not_estimable,
                 gates=self.gates,
+                pass_limit=None if pass_limit is None else float(pass_limit),
             )
         ]
 
@@ -184,6 +195,7 @@ def membership(
             opts["max_auc"],
             at_most=True,
             method="DeLong normal interval",
+            pass_limit=opts["rule_out_auc"],
         )
         tick()
     return CheckResult(json_safe(out), {"roc": roc_figure(curves)}, verdicts)
@@ -233,6 +245,7 @@ def presence(
         opts["max_risk_above_baseline"],
         at_most=True,
         method=ci["method"],
+        pass_limit=opts["rule_out_risk_above_baseline"],
     )
     return CheckResult(json_safe(res), {"sweep": presence_figure(res)}, verdicts)
 
@@ -287,8 +300,143 @@ def attribute(
         opts["max_risk_above_baseline"],
         at_most=True,
         method=ci["method"],
+        pass_limit=opts["rule_out_risk_above_baseline"],
     )
     return CheckResult(json_safe(res), {"per_column": attribute_figure(res)}, verdicts)
+
+
+# ----------------------------------------------------------------------------------------- leaks
+COPIES_EXACT = "share of synthetic rows that are exact copies of a REAL row, minus that of HOLDOUT rows"
+COPIES_NEAR = (
+    "share of synthetic rows linked to a REAL row above the HOLDOUT-calibrated match weight τ, minus that of "
+    "HOLDOUT rows"
+)
+SINGLED_OUT = (
+    "share of the most unusual REAL rows singled out by a synthetic row (equal in all but a few columns, and matched "
+    "better than by any other real row), minus that of the most unusual HOLDOUT rows"
+)
+LINKED = "share of member candidates linked through the synthetic rows (Anonymeter), minus that of non-members"
+NEWCOMBE = "Newcombe hybrid score interval of a difference of proportions"
+
+
+def _weights(inputs: AuditInputs, opts: dict[str, Any]) -> MatchWeights:
+    return MatchWeights(bins=opts["bins"]).fit(inputs.real, inputs.numeric)
+
+
+def copies(inputs: AuditInputs, cands: Candidates, opts: dict[str, Any], ctx: Context, tick: Tick) -> CheckResult:
+    """Exact and near copies of REAL rows among ALL synthetic rows, HOLDOUT as control (:func:`audits.leaks.copies`)."""
+    res = leaks.copies(
+        inputs.synthetic,
+        inputs.real,
+        inputs.holdout,
+        weights=_weights(inputs, opts),
+        null_rate=opts["null_rate"],
+        seed=ctx.seed,
+        confidence=ctx.confidence,
+    )
+    tick()
+    w = res.pop("weights")
+    verdicts = ctx.decide(
+        "copies",
+        "max_exact_excess",
+        COPIES_EXACT,
+        res["exact"]["value"],
+        res["exact"]["interval"],
+        opts["max_exact_excess"],
+        at_most=True,
+        method=NEWCOMBE,
+        pass_limit=opts["rule_out_exact_excess"],
+    )
+    verdicts += ctx.decide(
+        "copies",
+        "max_near_excess",
+        COPIES_NEAR,
+        res["near"]["value"],
+        res["near"]["interval"],
+        opts["max_near_excess"],
+        at_most=True,
+        method=NEWCOMBE,
+        pass_limit=opts["rule_out_near_excess"],
+    )
+    res["match_weight"] = (
+        "Fellegi–Sunter match weight (audits.linkage): agreement on a value scores log(0.9/u), u its share of REAL "
+        f"rows; numbers agree within one of {opts['bins']} quantile bins of REAL"
+    )
+    res["n_synthetic_rows"] = len(inputs.synthetic)
+    fig = copies_figure(w["synthetic"], w["holdout"], res["near"]["tau"])
+    return CheckResult(json_safe(res), {"copies": fig}, verdicts)
+
+
+def vulnerable_records(
+    inputs: AuditInputs, cands: Candidates, opts: dict[str, Any], ctx: Context, tick: Tick
+) -> CheckResult:
+    """The most unusual REAL rows, always examined, against the most unusual HOLDOUT rows
+    (:func:`audits.leaks.vulnerable`)."""
+    res = leaks.vulnerable(
+        inputs.synthetic,
+        inputs.real,
+        inputs.holdout,
+        weights=_weights(inputs, opts),
+        k=opts["k"],
+        max_differences=opts["max_differences"],
+        confidence=ctx.confidence,
+    )
+    tick()
+    verdicts = ctx.decide(
+        "vulnerable_records",
+        "max_singled_out_excess",
+        SINGLED_OUT,
+        res["singled_out"]["value"],
+        res["singled_out"]["interval"],
+        opts["max_singled_out_excess"],
+        at_most=True,
+        method=NEWCOMBE,
+        pass_limit=opts["rule_out_singled_out_excess"],
+    )
+    res["rule"] = (
+        "the k rows of highest self-information Σ_j −log u_j(x_j) (u_j: share of REAL rows agreeing with the value "
+        "in column j): rare values and rare combinations of them; singled out: the best synthetic match differs in at "
+        f"most {opts['max_differences']} columns and beats every other real row"
+    )
+    fig = vulnerable_figure(res)
+    return CheckResult(json_safe(res), {"vulnerable": fig}, verdicts)
+
+
+def linkability(
+    inputs: AuditInputs, cands: Candidates, opts: dict[str, Any], ctx: Context, tick: Tick
+) -> CheckResult:
+    """Anonymeter's linkability on the member candidates, non-member candidates as control
+    (:func:`audits.leaks.linkability`)."""
+    columns = list(inputs.real.columns)
+    if opts["aux_columns"]:
+        aux = tuple(opts["aux_columns"])
+        bad = [c for part in aux for c in part if c not in columns]
+        if bad:
+            raise ValueError(f"linkability.aux_columns {bad} are not columns of the data; columns: {columns}.")
+    else:
+        aux = (columns[0::2], columns[1::2])
+    res = leaks.linkability(
+        inputs.synthetic,
+        cands.members,
+        cands.non_members,
+        weights=_weights(inputs, opts),
+        aux=aux,
+        seed=ctx.seed,
+        confidence=ctx.confidence,
+    )
+    tick()
+    verdicts = ctx.decide(
+        "linkability",
+        "max_linked_excess",
+        LINKED,
+        res["linked"]["value"],
+        res["linked"]["interval"],
+        opts["max_linked_excess"],
+        at_most=True,
+        method=NEWCOMBE,
+        pass_limit=opts["rule_out_linked_excess"],
+    )
+    return CheckResult(json_safe(res), {}, verdicts)
 
 
 # ----------------------------------------------------------------------------------------- α-LMDP
@@ -621,6 +769,21 @@ REGISTRY: dict[str, CheckSpec] = {
         attribute,
         "Attribute disclosure",
         thresholds={"max_risk_above_baseline": ("imputation sensitivity above the held-out baseline", True)},
+    ),
+    "copies": CheckSpec(
+        copies,
+        "Copies of training rows (exact and near, every synthetic row)",
+        thresholds={"max_exact_excess": (COPIES_EXACT, True), "max_near_excess": (COPIES_NEAR, True)},
+    ),
+    "vulnerable_records": CheckSpec(
+        vulnerable_records,
+        "The most vulnerable records (targeted)",
+        thresholds={"max_singled_out_excess": (SINGLED_OUT, True)},
+    ),
+    "linkability": CheckSpec(
+        linkability,
+        "Linkability (Anonymeter's definition)",
+        thresholds={"max_linked_excess": (LINKED, True)},
     ),
     "lmdp_mmd": CheckSpec(
         lmdp_mmd,

@@ -499,8 +499,50 @@ def _fidelity(c: dict[str, Any]) -> str:
     )
 
 
+def _excess_table(rows: list[tuple[str, dict[str, Any]]]) -> str:
+    body = [
+        (
+            what,
+            f"{e['main']['count']} / {e['main']['of']}",
+            f"{e['control']['count']} / {e['control']['of']}",
+            fmt(e["value"]),
+            _ci(e["interval"]),
+        )
+        for what, e in rows
+    ]
+    return table(["statistic", "main", "control", "excess", "interval"], body, numeric=(3,))
+
+
+def _copies(c: dict[str, Any]) -> str:
+    return (
+        f"<p>Every one of the {c['n_synthetic_rows']} synthetic rows matched against REAL; HOLDOUT rows matched the "
+        f"same way are the control. Near copies: best match weight above τ = {fmt(c['near']['tau'])}, which a fresh "
+        f"HOLDOUT row exceeds with probability {fmt(c['near']['null_rate'])} ({esc(c['match_weight'])}).</p>"
+        + _excess_table([("exact copies", c["exact"]), ("near copies (weight > τ)", c["near"])])
+    )
+
+
+def _vulnerable(c: dict[str, Any]) -> str:
+    return (
+        f"<p>The {c['k']} most unusual REAL rows ({esc(c['rule'])}) are always examined, against the {c['k']} most "
+        "unusual HOLDOUT rows as control. A record is singled out when a synthetic row matches it better than any "
+        "other real row does.</p>" + _excess_table([("singled out", c["singled_out"])])
+    )
+
+
+def _linkability(c: dict[str, Any]) -> str:
+    sets = " | ".join(", ".join(a) for a in c["aux_columns"])
+    return (
+        f"<p>Auxiliary column sets: {esc(sets)}. Anonymeter's risk (r_main − r_control)/(1 − r_control) = "
+        f"{fmt(c['anonymeter_risk'])}.</p>" + _excess_table([("linked", c["linked"])])
+    )
+
+
 BODIES = {
     "membership": _membership,
+    "copies": _copies,
+    "vulnerable_records": _vulnerable,
+    "linkability": _linkability,
     "presence_disclosure": _presence,
     "attribute_disclosure": _attribute,
     "lmdp_mmd": _lmdp,
@@ -514,6 +556,8 @@ CAPTIONS = {
     "per_column": "Attribute disclosure: share of each unknown column imputed correctly for members.",
     "bars": "Utility: each classifier trained on synthetic vs on REAL rows, scored on HOLDOUT.",
     "marginals": "Marginals of REAL vs synthetic rows (densities for numbers, frequencies for categories).",
+    "copies": "Best match weight to a REAL row: every synthetic row vs the HOLDOUT control, with τ (log scale).",
+    "vulnerable": "The most unusual records: best match to a synthetic row vs to another real row.",
     "log_weights": "Histogram of the synthetic rows' log importance weights (normalised to mean one).",
 }
 NEGATIVE_RISK = (
@@ -540,7 +584,10 @@ def _check(name: str, c: dict[str, Any], figures: dict[str, Figure], verdicts: l
     statuses = {v["status"] for v in mine}
     worst = "fail" if "fail" in statuses else "inconclusive" if "inconclusive" in statuses else "pass"
     status = badge(worst) if mine else badge(None, "SKIPPED" if c["status"] == "skipped" else "REPORT ONLY")
-    role = " (utility expectation)" if c.get("role") == "expectation" else ""
+    role = {
+        "expectation": " (utility expectation)",
+        "property": " (property of the sensitive columns; never changes the verdict)",
+    }.get(c.get("role"), "")
     head = f'<section id="{esc(name)}"><h2>{esc(c["title"])}{esc(role)} {status}</h2>'
     if c["status"] == "skipped":
         return head + f'<p class="note">Not run: {esc(c["reason"])}.</p></section>'

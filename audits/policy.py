@@ -23,17 +23,22 @@ import yaml
 from lightning_dp.errors import UserError
 
 # Every check, with each option's default. Options named ``max_*`` / ``min_*`` are thresholds: a check
-# gates the policy on those that are set (not null); a check with none set is informational.
+# gates the policy on those that are set (not null); a check with none set is informational. ``rule_out_X``
+# (with ``max_X``) is the leak a pass rules out: FAIL when the whole interval is above ``max_X``, PASS when it is
+# within ``rule_out_X``, INCONCLUSIVE between (null: ``max_X`` itself, the plain interval rule).
+# The α-LMDP checks (``lmdp_*``) never gate: they are a property of the sensitive columns, reported apart.
 CHECKS: dict[str, dict[str, Any]] = {
     "membership": {
         "attacks": ["dcr", "dcr_ratio", "domias"],
         "n_bootstrap": 200,
         "max_auc": None,
+        "rule_out_auc": None,
     },
     "presence_disclosure": {
         "precision_target": 0.55,
         "n_bootstrap": 500,
         "max_risk_above_baseline": None,
+        "rule_out_risk_above_baseline": None,
     },
     "attribute_disclosure": {
         "known_columns": None,
@@ -42,6 +47,28 @@ CHECKS: dict[str, dict[str, Any]] = {
         "tolerance_mode": "relative",
         "n_bootstrap": 200,
         "max_risk_above_baseline": None,
+        "rule_out_risk_above_baseline": None,
+    },
+    "copies": {
+        "bins": 500,
+        "null_rate": 0.01,
+        "max_exact_excess": None,
+        "rule_out_exact_excess": None,
+        "max_near_excess": None,
+        "rule_out_near_excess": None,
+    },
+    "vulnerable_records": {
+        "k": 100,
+        "max_differences": 2,
+        "bins": 500,
+        "max_singled_out_excess": None,
+        "rule_out_singled_out_excess": None,
+    },
+    "linkability": {
+        "aux_columns": None,
+        "bins": 500,
+        "max_linked_excess": None,
+        "rule_out_linked_excess": None,
     },
     "lmdp_mmd": {
         "columns": None,
@@ -210,7 +237,7 @@ def _check_options(name: str, given: Any, source: str) -> dict[str, Any]:
         )
     opts = {**copy.deepcopy(CHECKS[name]), **given}
     for key, value in opts.items():
-        if key.startswith(("max_", "min_")) and value is not None and not _is_number(value):
+        if key.startswith(("max_", "min_", "rule_out_")) and value is not None and not _is_number(value):
             raise PolicyError(
                 f"Policy {source!r}: {name}.{key} must be a finite number or null, got {value!r}."
             )
@@ -263,12 +290,40 @@ def _check_values(name: str, opts: dict[str, Any], source: str) -> None:
     where = f"Policy {source!r}: {name}"
     ranges = {
         "max_auc": (0.0, 1.0, "an AUC"),
+        "rule_out_auc": (0.0, 1.0, "an AUC"),
         "max_risk_above_baseline": (-1.0, 1.0, "a difference of rates"),
+        "rule_out_risk_above_baseline": (-1.0, 1.0, "a difference of rates"),
     }
     for key, (low, high, what) in ranges.items():
         value = opts.get(key)
         if value is not None and not low <= float(value) <= high:
             raise PolicyError(f"{where}.{key} must be in [{low:g}, {high:g}] ({what}), got {value!r}.")
+    for key in [k for k in opts if k.startswith("rule_out_")]:
+        limit, value = opts.get("max_" + key[len("rule_out_") :]), opts[key]
+        if value is not None and (limit is None or float(value) < float(limit)):
+            raise PolicyError(
+                f"{where}.{key} must come with max_{key[len('rule_out_'):]} and be at least as large (it is the leak "
+                f"a pass rules out; max_ the one a fail confirms), got {value!r} with max_ {limit!r}."
+            )
+    for key in ("max_exact_excess", "max_near_excess", "max_singled_out_excess", "max_linked_excess"):
+        value = opts.get(key)
+        if value is not None and not -1.0 <= float(value) <= 1.0:
+            raise PolicyError(f"{where}.{key} must be in [-1, 1] (a difference of rates), got {value!r}.")
+    if "bins" in opts and not _is_int(opts["bins"], 2):
+        raise PolicyError(f"{where}.bins must be an integer >= 2, got {opts['bins']!r}.")
+    if name == "copies" and not (_is_number(opts["null_rate"]) and 0 < opts["null_rate"] < 0.5):
+        raise PolicyError(f"{where}.null_rate must be in (0, 0.5), e.g. 0.01, got {opts['null_rate']!r}.")
+    if name == "vulnerable_records" and not _is_int(opts["k"], 10):
+        raise PolicyError(f"{where}.k must be an integer >= 10, got {opts['k']!r}.")
+    if name == "vulnerable_records" and not _is_int(opts["max_differences"], 0):
+        raise PolicyError(f"{where}.max_differences must be an integer >= 0, got {opts['max_differences']!r}.")
+    if name == "linkability" and opts["aux_columns"] is not None:
+        aux = opts["aux_columns"]
+        if not (isinstance(aux, list) and len(aux) == 2 and all(_names(a) and a for a in aux)):
+            raise PolicyError(
+                f"{where}.aux_columns must be two non-empty lists of column names (the attacker's two sets of "
+                f"auxiliary information), or null to alternate the columns, got {aux!r}."
+            )
     if "n_bootstrap" in opts and not _is_int(opts["n_bootstrap"], MIN_BOOTSTRAP):
         raise PolicyError(
             f"{where}.n_bootstrap must be an integer >= {MIN_BOOTSTRAP} (fewer draws cannot place a 95% "

@@ -51,11 +51,31 @@ Policy format (YAML; the default is ``audits/policies/default.yaml``)::
       membership:               # attacks of audits.membership on the synthetic set
         attacks: [dcr, dcr_ratio, domias]
         n_bootstrap: 200        # bootstrap of the reported TPR intervals (the AUC verdict uses DeLong's)
-        max_auc: 0.6            # every attack's ROC-AUC <= 0.6
+        max_auc: 0.53           # FAIL when an attack's whole DeLong interval is above 0.53
+        rule_out_auc: 0.65      # PASS when every attack's interval is within 0.65 (null: max_auc, the plain rule)
+      copies:                   # audits.leaks.copies: every synthetic row against REAL, HOLDOUT as control
+        bins: 500               # quantile bins of REAL's numbers for record linkage (audits.linkage)
+        null_rate: 0.01         # τ: the match weight a HOLDOUT row exceeds with this probability
+        max_exact_excess: 0.002         # exact copies: synthetic share minus HOLDOUT share
+        rule_out_exact_excess: 0.05
+        max_near_excess: 0.005          # rows linked above τ: synthetic share minus HOLDOUT share
+        rule_out_near_excess: 0.1
+      vulnerable_records:       # audits.leaks.vulnerable: the k most unusual REAL rows vs HOLDOUT's
+        k: 100
+        max_differences: 2      # a synthetic match equal in all but at most 2 columns singles a record out
+        bins: 500
+        max_singled_out_excess: 0.05
+        rule_out_singled_out_excess: 0.25
+      linkability:              # audits.leaks.linkability (Anonymeter's definition), non-members as control
+        aux_columns: null       # two lists of columns; null: alternate columns
+        bins: 500
+        max_linked_excess: 0.01
+        rule_out_linked_excess: 0.1
       presence_disclosure:      # Diesendruck 2019 Ch. 4, r* = largest distance threshold with precision > target
         precision_target: 0.55
         n_bootstrap: 500
         max_risk_above_baseline: 0.05   # sensitivity at r* minus the held-out baseline's
+        rule_out_risk_above_baseline: 0.15   # PASS when the interval is within it (also for attribute disclosure)
       attribute_disclosure:     # kNN imputation of the unknown columns from the synthetic set
         known_columns: null     # default: the first half of the columns
         k: 5
@@ -89,7 +109,9 @@ Policy format (YAML; the default is ``audits/policies/default.yaml``)::
         max_mean_tv: 0.2        # also: max_mean_ks, max_mean_w1, max_two_way_marginal, max_range_query_error
 
 Options named ``max_*``/``min_*`` (and ``lmdp_mmd.alpha``, ``lmdp_ksd.alpha``) are thresholds, each one verdict in
-the report (``lmdp_ksd.alpha`` one per test); a threshold left null only reports its number. A check that is
+the report (``lmdp_ksd.alpha`` one per test); a threshold left null only reports its number. ``rule_out_X`` beside
+``max_X`` separates the two limits of a leak detector (:func:`audits.verdicts.decide`). The α-LMDP checks never
+decide the status, wherever they are listed: they are reported with the role ``property``. A check that is
 skipped (no label, too few candidates) makes its thresholds inconclusive, except one that does not apply to the
 inputs (``lmdp_ksd`` without an energy model), which sets none. Distance-based checks run chunked (bounded memory) in the building blocks. ``--out`` is
 checked before any data are read, and both report files are written together after every check has run
@@ -132,6 +154,11 @@ FROM_REAL_ROWS = {  # section of the report -> what in it is computed from real 
     "rows (the thresholds of the sweep), with the rates at each",
     "checks.attribute_disclosure": "per-column rates at which REAL rows' unknown values are imputed from "
     "synthetic and HOLDOUT rows",
+    "checks.copies": "exact-copy counts and best record-linkage match weights of synthetic and HOLDOUT rows to REAL "
+    "rows, the threshold τ from HOLDOUT's weights, and the counts above it",
+    "checks.vulnerable_records": "the most unusual REAL and HOLDOUT rows' self-information and their best match "
+    "weights to synthetic and to other real rows, and how many were singled out",
+    "checks.linkability": "how many REAL and HOLDOUT candidates were linked through the synthetic rows",
     "checks.lmdp_mmd": "MMD², p-value and bandwidth of a test of REAL against synthetic columns, clipped and "
     "scaled with REAL's quantiles",
     "checks.lmdp_ksd": "KSD statistics, p-values, bandwidths and row counts of goodness-of-fit tests of REAL's "
@@ -283,11 +310,13 @@ def guarantee(ledger: Mapping[str, Any] | None) -> dict[str, Any]:
 
 
 def _ordered(policy: Mapping[str, Any]) -> list[tuple[str, dict[str, Any], bool]]:
-    """``(name, options, gates)`` of every check of the policy, in the registry's order."""
+    """``(name, options, gates)`` of every check of the policy, in the registry's order. The α-LMDP checks never
+    gate, wherever the policy lists them: they test a property of the sensitive columns' marginal (PPEM Def. 2.2),
+    not a leak of training rows (they pass when real and synthetic differ), so they are reported apart."""
     out = []
     for name in REGISTRY:
         if name in policy["checks"]:
-            out.append((name, policy["checks"][name], True))
+            out.append((name, policy["checks"][name], REGISTRY[name].kind != "lmdp"))
         elif name in policy.get("expectations", {}):
             out.append((name, policy["expectations"][name], False))
     return out
@@ -350,7 +379,7 @@ def build_report(
             checks[name] = {
                 **status,
                 "title": spec.title,
-                "role": "verdict" if gates else "expectation",
+                "role": "verdict" if gates else "property" if spec.kind == "lmdp" else "expectation",
                 "seconds": round(time.time() - t0, 2),
                 **res.result,
             }
@@ -437,7 +466,9 @@ def summary_lines(report: Mapping[str, Any]) -> list[str]:
     lines = []
     for name, check in report["checks"].items():
         mine = [v for v in report["verdicts"] if v["check"] == name]
-        role = " (expectation)" if check.get("role") == "expectation" else ""
+        role = {"expectation": " (expectation)", "property": " (property, not a leak test)"}.get(
+            check.get("role"), ""
+        )
         if not mine:
             tag = "SKIP" if check["status"] == "skipped" else "REPORT"
             why = check.get("reason") or "no threshold set; numbers only"
@@ -508,11 +539,14 @@ def run_audit(
     pol = load_policy(policy)  # first: a bad policy fails before any data are read
     check_output_folder(out)  # then a bad --out, before any work
     seed = pol["seed"] if seed is None else seed
-    inputs = load_inputs(
-        synthetic, real=real, holdout=holdout, num_rows=num_rows, seed=seed, data_root=data_root, label=label
-    )
-    report, figures = build_report(inputs, pol, seed=seed, progress=progress)
-    return report, write_report(report, figures, out)
+    with tracker.session():  # progress lines off a terminal from the first read to the last write
+        tracker.stage("audit: read inputs (sample a checkpoint, load REAL and HOLDOUT)")
+        inputs = load_inputs(
+            synthetic, real=real, holdout=holdout, num_rows=num_rows, seed=seed, data_root=data_root, label=label
+        )
+        report, figures = build_report(inputs, pol, seed=seed, progress=progress)
+        tracker.stage("audit: write report.json and report.html")
+        return report, write_report(report, figures, out)
 
 
 def audit_run(
@@ -612,8 +646,10 @@ def audit_run(
         sensitive=sensitive,
         weights=weights,
     )
-    report, figures = build_report(inputs, pol, seed=seed)
-    paths = write_report(report, figures, result["output_dir"])
+    with tracker.session():
+        report, figures = build_report(inputs, pol, seed=seed)
+        tracker.stage("audit: write report.json and report.html")
+        paths = write_report(report, figures, result["output_dir"])
     log.info(
         "Audit %s: %s (private: computed from real rows, not DP)", report["status"].upper(), paths["html"]
     )

@@ -9,7 +9,13 @@ policy's confidence (0.95 by default):
   or the statistic cannot be estimated from these data at all (too few candidates, a metric that is not
   defined here).
 
-``statistic ≥ limit`` (a score) mirrors it: pass when ``lo ≥ limit``, fail when ``hi < limit``. When the true
+``statistic ≥ limit`` (a score) mirrors it: pass when ``lo ≥ limit``, fail when ``hi < limit``.
+
+A leak detector can separate the two limits (``pass_limit``, the policy's ``rule_out_*`` options): it fails when
+the whole interval is beyond ``limit`` (a confident leak) and passes when the whole interval is within
+``pass_limit`` (the data rule out a leak of that size); between them the data cannot decide. Its false-alarm
+rate is at most (1 − confidence)/2 when the true value is at ``limit``, and its power against a leak of a given
+size is measured (``bench/audit_power.py``; the policy's comments give the figures). When the true
 value sits exactly at the limit, each wrong decision has probability at most (1 − confidence)/2; further from the
 limit, less. Two independent audits of the same release can therefore only disagree between pass and fail if
 one of them errs, which is what keeps verdicts stable over repeated runs. An interval that excludes its own point
@@ -102,6 +108,7 @@ def decide(
     method: str = "",
     not_estimable: str = "",
     gates: bool = True,
+    pass_limit: float | None = None,
 ) -> Verdict:
     """A :class:`Verdict` from a point value, its interval and the limit (see the module docstring).
 
@@ -115,10 +122,15 @@ def decide(
         method: how the interval was computed.
         not_estimable: the reason when ``value`` or ``interval`` is None.
         gates: whether the verdict counts towards the policy's status.
+        pass_limit: the limit the whole interval must be within to pass (a leak the data rule out); None for
+            ``limit`` itself. It must not be stricter than ``limit``.
 
     Returns:
         The verdict with its status and a one-sentence reason.
     """
+    ok = float(limit) if pass_limit is None else float(pass_limit)
+    if (ok < limit) if at_most else (ok > limit):
+        raise ValueError(f"pass_limit {ok} is stricter than the limit {limit}")
     op = "≤" if at_most else "≥"
     common = {
         "check": check,
@@ -144,16 +156,27 @@ def decide(
     lo, hi = min(lo, float(value)), max(hi, float(value))  # a resampled interval may miss a biased estimate
     pct, shown = f"{confidence:.0%}", f"[{_num(lo)}, {_num(hi)}]"
     if at_most:
-        status = "pass" if hi <= limit else "fail" if lo > limit else "inconclusive"
+        status = "fail" if lo > limit else "pass" if hi <= ok else "inconclusive"
     else:
-        status = "pass" if lo >= limit else "fail" if hi < limit else "inconclusive"
-    side = {"pass": "within", "fail": "beyond"}.get(status)
-    if side:
-        reason = f"The whole {pct} interval {shown} is {side} the limit {op} {_num(limit)}."
-    else:
+        status = "fail" if hi < limit else "pass" if lo >= ok else "inconclusive"
+    if status == "fail":
+        reason = f"The whole {pct} interval {shown} is beyond the limit {op} {_num(limit)}."
+    elif status == "pass" and ok == limit:
+        reason = f"The whole {pct} interval {shown} is within the limit {op} {_num(limit)}."
+    elif status == "pass":
+        reason = (
+            f"The whole {pct} interval {shown} is within {op} {_num(ok)}: a leak of that size is ruled out (it "
+            f"fails beyond {_num(limit)})."
+        )
+    elif ok == limit:
         reason = (
             f"The {pct} interval {shown} contains the limit {_num(limit)}: these data cannot decide "
             "(more rows or candidates would)."
+        )
+    else:
+        reason = (
+            f"The {pct} interval {shown} neither lies beyond {_num(limit)} (a confident leak) nor within "
+            f"{_num(ok)} (a leak of that size ruled out): these data cannot decide (more rows or candidates would)."
         )
     return Verdict(value=float(value), status=status, interval=(lo, hi), reason=reason, **common)
 
@@ -263,3 +286,26 @@ def permutation_p_interval(
     """Clopper–Pearson interval of a permutation test's exact p-value from ``exceed`` of ``n_permutations``
     random permutations whose statistic reached the observed one (the Monte Carlo error of the p-value)."""
     return clopper_pearson(int(exceed), int(n_permutations), confidence=confidence)
+
+
+def wilson_interval(successes: int, trials: int, confidence: float = CONFIDENCE) -> tuple[float, float]:
+    """Wilson's score interval of a proportion (Wilson 1927); ``(0, 1)`` without trials."""
+    if trials <= 0:
+        return 0.0, 1.0
+    z, p = z_value(confidence), successes / trials
+    centre = (p + z * z / (2 * trials)) / (1 + z * z / trials)
+    half = z * math.sqrt(p * (1 - p) / trials + z * z / (4 * trials * trials)) / (1 + z * z / trials)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def difference_interval(
+    k1: int, n1: int, k2: int, n2: int, confidence: float = CONFIDENCE
+) -> tuple[float, float]:
+    """Interval of ``k1/n1 − k2/n2`` for two independent proportions: Newcombe's hybrid score interval (Newcombe
+    1998, "Interval estimation for the difference between independent proportions", method 10), built from the
+    two Wilson intervals; it keeps its coverage at proportions near 0, where the leak rates live."""
+    p1, p2 = k1 / n1, k2 / n2
+    l1, u1 = wilson_interval(k1, n1, confidence)
+    l2, u2 = wilson_interval(k2, n2, confidence)
+    d = p1 - p2
+    return d - math.sqrt((p1 - l1) ** 2 + (u2 - p2) ** 2), d + math.sqrt((u1 - p1) ** 2 + (p2 - l2) ** 2)

@@ -10,6 +10,18 @@ read back.
     python bench/e2e_privacy.py --config dp_sgd --runs 200      # DP-GAN (DP-SGD on the discriminator)
     python bench/e2e_privacy.py --config weights --runs 200     # DP-GAN plus private importance weights
     python bench/e2e_privacy.py --config default --deterministic   # a few runs: values that are functions of the data
+    python bench/e2e_privacy.py --config support_points --format parquet --runs 300   # Parquet, int → float row
+    python bench/e2e_privacy.py --config tune --format csv_missing --runs 300          # pandas CSV, "79" → "79.0"
+
+File formats (``--format``): ``csv`` (the planted row is a row like any other); ``csv_missing`` (a CSV written by
+pandas in which the integer column ``mean area`` holds whole numbers: the planted row leaves it missing, so pandas
+writes every other value of the column as ``1001.0`` instead of ``1001``); ``parquet`` (the same column stored as
+int64 in D, and as float64 in D' because the planted row holds a fraction). In the last two, adding the row
+changes the dtype or text of a column in every other row, which must not move any of them (the split hashes
+canonical values).
+
+Files the run labels private (``PRIVATE_FILES``: the tuning's per-candidate table and log, the support points' MCMC
+diagnostics) are outside the claim and are not read.
 
 Prints, per artefact, the ε lower bound (95%, jointly over artefacts) against the claimed ε.
 """
@@ -40,6 +52,13 @@ CONFIGS = {
     "weights": ["model=dp_gan", "data.batch_size=64", "model.module.batch_size=64", "trainer.max_epochs=2",
                 "weights=beta_noised", "weights.epsilon=0.5"],
     # PPEM under DP-SGD: the KSD penalty (batch-coupled), the density's public log Z and the dequantised x′
+    # private support points (exponential mechanism by MH, DP KDE bandwidth), chains shortened: the release is
+    # unconditional, whatever R̂, so short chains change the draw's quality, not what is published
+    "support_points": ["model=support_points", "model.module.num_points=10", "model.module.num_steps=20",
+                       "model.mechanisms.0.burn_in=500", "model.mechanisms.0.thin=50", "model.mechanisms.0.draws=5",
+                       "model.mechanisms.0.num_chains=2", "model.mechanisms.0.trace_every=25", "trainer.max_epochs=2"],
+    # private selection (tune=default's TNB selection with E[K] ≈ 1.3 to keep runs short), DP-MERF candidates
+    "tune": ["tune=default", "tune.eta=0", "tune.gamma=0.6", "trainer.max_epochs=1", "model.module.steps_per_epoch=5"],
     "ppem": ["model=ppem", "privacy=dp_sgd", "model.sensitive=[mean radius,mean texture]", "model.module.hidden=[32,32]",
              "model.module.latent_dim=16", "model.module.batch_size=32", "model.module.fourier=16",
              "data.batch_size=64", "trainer.max_epochs=1"],
@@ -49,51 +68,68 @@ CONFIGS = {
             "model.mechanisms.0.final_steps=3", "trainer.max_epochs=1"],
 }
 COMMON = ["trainer.enable_progress_bar=false", "trainer.enable_model_summary=false"]
+FORMATS = ("csv", "csv_missing", "parquet")
+INTEGER_COLUMN = "mean area"  # whole numbers in D for csv_missing and parquet (int64 in the Parquet file)
+PRIVATE_FILES = ("tuning_private.csv", "tuning_private.log", "support_points_mcmc.json")  # labelled PRIVATE
 
 
 def schema_path() -> Path:
     return Path(str(resources.files("lightning_dp.data").joinpath("schemas/breast_cancer.yaml")))
 
 
-def neighbouring_files(folder: Path) -> tuple[Path, Path]:
-    """``D.csv`` (breast cancer, 569 rows) and ``D_prime.csv`` (D plus a planted row that the split trains on)."""
+def neighbouring_files(folder: Path, file_format: str = "csv") -> tuple[Path, Path]:
+    """``D`` (breast cancer, 569 rows) and ``D_prime`` (D plus a planted row that the split trains on), as CSV or
+    Parquet (``FORMATS``; module docstring). Returns their paths; the schema is :func:`schema_path` (csv) or a copy
+    with ``INTEGER_COLUMN`` allowed missing, beside the files (:func:`run_schema`)."""
     import yaml
     from sklearn.datasets import load_breast_cancer
 
+    if file_format not in FORMATS:
+        raise ValueError(f"file format {file_format!r}; valid: {', '.join(FORMATS)}")
     bc = load_breast_cancer()
     d = pd.DataFrame(bc.data, columns=list(bc.feature_names))
     d["diagnosis"] = [str(bc.target_names[t]) for t in bc.target]
     schema = yaml.safe_load(schema_path().read_text())
-    canary = {c["name"]: c["bounds"][1] for c in schema["columns"] if c["type"] == "continuous"}
+    canary: dict = {c["name"]: c["bounds"][1] for c in schema["columns"] if c["type"] == "continuous"}
     canary["diagnosis"] = "malignant"
-    planted = pd.DataFrame([canary])[d.columns]
     folder.mkdir(parents=True, exist_ok=True)
-    d_path, p_path = folder / "D.csv", folder / "D_prime.csv"
-    d.to_csv(d_path, index=False)
-    for _ in range(100):
-        pd.concat([d, planted], ignore_index=True).to_csv(p_path, index=False)
-        try:  # the keyed-hash split (lightning_dp/data/splits.py): nudge the row until it lands in training
-            from lightning_dp.data.sources import read_table
-            from lightning_dp.data.splits import holdout_mask
-        except ImportError:  # older pipelines: a positional split, the row is appended at the end
-            break
-        try:  # the split hashes canonical values (lightning_dp/data/canonical.py)
-            from lightning_dp.data.canonical import canonical_frame
-            from lightning_dp.data.schema import Schema
+    if file_format != "csv":
+        d[INTEGER_COLUMN] = d[INTEGER_COLUMN].round().astype("int64")
+        # csv_missing: the row leaves the whole-number column empty; parquet: it holds a fraction there
+        canary[INTEGER_COLUMN] = float("nan") if file_format == "csv_missing" else 1000.5
+        for col in schema["columns"]:
+            if col["name"] == INTEGER_COLUMN:
+                col["missing"] = True
+        (folder / "schema.yaml").write_text(yaml.safe_dump(schema))
+    planted = pd.DataFrame([canary])[d.columns]
+    suffix = ".parquet" if file_format == "parquet" else ".csv"
+    d_path, p_path = folder / f"D{suffix}", folder / f"D_prime{suffix}"
+    write = (lambda f, p: f.to_parquet(p, index=False)) if suffix == ".parquet" else (lambda f, p: f.to_csv(p, index=False))
+    write(d, d_path)
+    from lightning_dp.data.canonical import canonical_frame
+    from lightning_dp.data.schema import Schema
+    from lightning_dp.data.sources import read_table
+    from lightning_dp.data.splits import holdout_mask
 
-            rows = canonical_frame(read_table(p_path), Schema.from_yaml(schema_path())).tail(1)
-        except ImportError:  # older pipelines hashed the cells as read
-            rows = read_table(p_path).tail(1)
+    for _ in range(100):
+        write(pd.concat([d, planted], ignore_index=True), p_path)
+        # the keyed-hash split of canonical values (lightning_dp/data/splits.py): nudge the row until it trains
+        rows = canonical_frame(read_table(p_path), Schema.from_yaml(run_schema(folder, file_format))).tail(1)
         if not holdout_mask(rows, fraction=0.2, seed=0)[0]:
             break
         planted.loc[0, d.columns[0]] = planted.loc[0, d.columns[0]] * (1 - 1e-6)
     return d_path, p_path
 
 
-def compose_run(data_path: Path, config: str, extra: list[str] = ()) -> DictConfig:
+def run_schema(folder: Path, file_format: str = "csv") -> Path:
+    """The schema of :func:`neighbouring_files`'s files: the bundled one, or its copy for an integer column."""
+    return schema_path() if file_format == "csv" else folder / "schema.yaml"
+
+
+def compose_run(data_path: Path, config: str, extra: list[str] = (), schema: Path | None = None) -> DictConfig:
     with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
         return compose("train", overrides=[*COMMON, *CONFIGS[config], "data=csv", f"data.path={data_path}",
-                                           f"data.schema={schema_path()}", *extra])
+                                           f"data.schema={schema or schema_path()}", *extra])
 
 
 def run_once(cfg: DictConfig, source: Path, out: Path) -> dict:
@@ -106,6 +142,8 @@ def run_once(cfg: DictConfig, source: Path, out: Path) -> dict:
 
     def go() -> Path:
         train(cfg)
+        for name in PRIVATE_FILES:  # labelled private by the run: outside the claim, not published
+            (out / name).unlink(missing_ok=True)
         return out
 
     try:
@@ -119,19 +157,22 @@ def main() -> None:
     parser.add_argument("--config", choices=sorted(CONFIGS), default="default")
     parser.add_argument("--runs", type=int, default=200, help="runs per side (D and D')")
     parser.add_argument("--deterministic", action="store_true", help="only the deterministic-value check (2 to 8 runs per side)")
+    parser.add_argument("--format", choices=FORMATS, default="csv", help="how D and D' are written (docstring)")
+    parser.add_argument("--report-every", type=int, default=0,
+                        help="also print the worst bound every N runs per side (a long run's partial figures)")
     parser.add_argument("--set", nargs="*", default=[], help="extra Hydra overrides")
     args = parser.parse_args()
     import logging
 
     logging.getLogger("pytorch_lightning").setLevel(logging.WARNING)
     work = Path(tempfile.mkdtemp(prefix="e2e_privacy_"))
-    d_path, p_path = neighbouring_files(work)
-    cfg = compose_run(work / "data.csv", args.config, args.set)
+    d_path, p_path = neighbouring_files(work, args.format)
+    cfg = compose_run(work / f"data{d_path.suffix}", args.config, args.set, run_schema(work, args.format))
     start = time.time()
     if args.deterministic:
         leaks = find_deterministic_leaks(lambda: run_once(cfg, d_path, work / "run"),
                                          lambda: run_once(cfg, p_path, work / "run"))
-        print(f"{args.config}: {len(leaks)} values are deterministic functions of the data")
+        print(f"{args.config} ({args.format}): {len(leaks)} values are deterministic functions of the data")
         for leak in leaks[:40]:
             print("  ", leak)
         return
@@ -141,9 +182,13 @@ def main() -> None:
         runs.append(Run(run_once(cfg, d_path, work / "run"), with_canary=False))
         if (i + 1) % 25 == 0:
             print(f"  {i + 1} runs per side, {time.time() - start:.0f} s", flush=True)
+        if args.report_every and (i + 1) % args.report_every == 0 and i + 1 < args.runs:
+            worst = epsilon_lower_bounds(runs, delta=DELTA)[0]
+            print(f"  partial, {i + 1} runs per side: max ε lower bound {worst.epsilon_lower_bound:.3f} "
+                  f"({worst.artefact})", flush=True)
     claimed = float(cfg.privacy.epsilon)
     bounds = epsilon_lower_bounds(runs, delta=DELTA)
-    print(f"\n{args.config}: {args.runs} runs per side on D and D' = D + 1 row; claimed ε = {claimed:g}, δ = {DELTA:g}; "
+    print(f"\n{args.config} ({args.format}): {args.runs} runs per side on D and D' = D + 1 row; claimed ε = {claimed:g}, δ = {DELTA:g}; "
           f"{time.time() - start:.0f} s")
     print("| artefact | ε lower bound (95%) | FP / FN of n | selection-half bound | top features |")
     print("|---|---|---|---|---|")

@@ -125,6 +125,11 @@ class Synthesizer:
         handler = _console(self.verbose)
         try:
             result = train(cfg)
+        except SystemExit as stop:  # Lightning turns Ctrl-C during fit into sys.exit(1), after saving the run
+            raise KeyboardInterrupt(
+                f"fit interrupted; the run as it stands is saved in {cfg.output_dir}/checkpoints/last.ckpt with its "
+                "ledger of what was spent (Synthesizer.load samples from it); a tuning run's ledger.json holds the "
+                "whole selection's ε.") from stop
         finally:
             if handler is not None:
                 logging.getLogger("lightning_dp").removeHandler(handler)

@@ -152,9 +152,8 @@ def data_layout(data_state: dict[str, Any]) -> dict[str, Any]:
         return {"n_continuous": int(np.prod(data_state["image_shape"])), "block_sizes": [],
                 "num_classes": len(data_state["classes"])}
     from lightning_dp.data.encoders import TabularEncoder
-    from lightning_dp.data.schema import Schema
 
-    enc = TabularEncoder(Schema.from_dict(data_state["schema"]))
+    enc = TabularEncoder.from_state_dict(data_state)
     return {"n_continuous": enc.n_continuous, "block_sizes": enc.block_sizes, "num_classes": enc.num_classes,
             "continuous_names": [c.name for c in enc.continuous], "continuous_units": enc.continuous_units}
 

@@ -8,6 +8,7 @@ release, and :func:`check_space` again before training with the model's real siz
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import shutil
@@ -22,6 +23,8 @@ from lightning_dp.models import MODELS, check_model_config
 from lightning_dp.privacy.coverage import check_coverage
 from lightning_dp.privacy.ledger import BudgetExceededError
 from lightning_dp.quick_checks import check_quick
+
+log = logging.getLogger(__name__)
 
 MIN_FREE_BYTES = 64 * 2**20  # ledger, config, logs and the pre-training record
 
@@ -137,8 +140,6 @@ def check_trainer(cfg: DictConfig, *, sgd: bool) -> None:
         ConfigError: Lightning refuses the settings, or ``accumulate_grad_batches`` is not 1 under DP-SGD (its
             accountant counts each Poisson batch as one noisy step).
     """
-    import logging
-
     import pytorch_lightning as pl
     from lightning_fabric.utilities.exceptions import MisconfigurationException
 
@@ -160,7 +161,7 @@ def check_trainer(cfg: DictConfig, *, sgd: bool) -> None:
                           "arguments; nothing was spent.") from None
     except (MisconfigurationException, ValueError, RuntimeError) as err:
         msg = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise ConfigError(f"Lightning refuses the trainer settings: {msg} Fix trainer.* (e.g. trainer.devices=1); "
+        raise ConfigError(f"Lightning refuses the trainer settings: {msg} Fix them (e.g. trainer=cpu, trainer.devices=1); "
                           "nothing was spent.") from None
     finally:
         for q, level in zip(quiet, levels, strict=True):
@@ -168,8 +169,9 @@ def check_trainer(cfg: DictConfig, *, sgd: bool) -> None:
 
 
 def schema_layout(schema: object) -> dict[str, object] | None:
-    """The model-space layout of a public schema, or None when a DP release decides it (bounds or categories left
-    to the data)."""
+    """The model-space layout of a public schema with one number per continuous column (``minmax``), or None when
+    a DP release decides the bounds or categories. With ``data.representation=cells`` the run's layout is wider
+    (its cells may be a later release), so sizes from this layout are lower bounds: a refusal on them is sound."""
     from lightning_dp.data.dp_preprocessing import needs_release
     from lightning_dp.data.encoders import TabularEncoder
 
@@ -196,31 +198,71 @@ def check_before_release(cfg: DictConfig, schema: object, weighting: object | No
     Raises:
         ConfigError, ResourceError, BudgetExceededError: with the setting to change; nothing was spent.
     """
-    from lightning_dp.models import build_model
-    from lightning_dp.resources import check_memory, module_bytes
-
     layout = schema_layout(schema)
     if layout is None:
         return
+    model = check_model(cfg, layout)
+    accumulate = (cfg.trainer.get("accumulate_grad_batches") or 1)
+    if accumulate != 1 and model is not None and not getattr(model, "automatic_optimization", True):
+        raise ConfigError(f"trainer.accumulate_grad_batches={accumulate}: model={cfg.model.name} takes its optimiser "
+                          "steps itself, which Lightning cannot accumulate. Drop the setting; nothing was spent.")
+    if weighting is not None:
+        _plan_weights(cfg, weighting, layout)
+
+
+def check_model(cfg: DictConfig, layout: dict[str, object]) -> object | None:
+    """Build the model on the ``meta`` device (no storage) for ``layout`` and check its training memory (weights,
+    gradients, two Adam moments) against the machine's; returns the meta model, or None where the meta device
+    cannot build it (no estimate, no refusal).
+
+    Before the first release when the public schema fixes the layout (:func:`check_before_release`); after the
+    schema release otherwise (the refusal then says what was spent, ``train.say_spent``).
+
+    Raises:
+        ConfigError: a setting of the wrong type or range; ResourceError: the model does not fit.
+    """
+    import torch
+
+    from lightning_dp.models import build_model
+    from lightning_dp.resources import check_memory, module_bytes
+
     try:
-        with __import__("torch").device("meta"):
+        with torch.device("meta"):
             model = build_model(cfg.model, layout)
-    except (TypeError, ValueError) as err:
+    except (TypeError, ValueError) as err:  # a setting of the wrong type or range reaching a constructor
         if isinstance(err, ConfigError):
             raise
         raise ConfigError(f"model={cfg.model.name} cannot be built with these settings ({err}). Fix model.module.*; "
                           "nothing was spent.") from None
+    except (RuntimeError, NotImplementedError) as err:  # an operation the meta device lacks
+        log.debug("model=%s could not be sized on the meta device (%s); its memory is not checked.", cfg.model.name, err)
+        return None
     width = layout["n_continuous"] + sum(layout["block_sizes"])
     check_memory(TRAINING_COPIES * module_bytes(lambda: model),
                  what=f"Training model={cfg.model.name} on {width:,} model-space columns (the schema's continuous "
                       "columns and categories)",
                  fix="Declare fewer categories (merge rare ones), drop columns, or shrink the model's networks")
-    accumulate = (cfg.trainer.get("accumulate_grad_batches") or 1)
-    if accumulate != 1 and not getattr(model, "automatic_optimization", True):
-        raise ConfigError(f"trainer.accumulate_grad_batches={accumulate}: model={cfg.model.name} takes its optimiser "
-                          "steps itself, which Lightning cannot accumulate. Drop the setting; nothing was spent.")
-    if weighting is not None:
-        _plan_weights(cfg, weighting, layout)
+    return model
+
+
+def check_rows_memory(num_rows: float, schema: object) -> None:
+    """The training rows in model space (float32, twice over while encoding) against the machine's memory.
+
+    Needs the row count, so it runs on the DP count just after its release (the refusal then says what was spent,
+    ``train.say_spent``); a schema whose layout a later release decides is not checked here.
+
+    Raises:
+        ResourceError: with the size and what to change.
+    """
+    from lightning_dp.resources import check_memory
+
+    layout = schema_layout(schema)
+    if layout is None:
+        return
+    width = layout["n_continuous"] + sum(layout["block_sizes"])
+    check_memory(2 * 4 * float(num_rows) * width,
+                 what=f"Encoding about {num_rows:,.0f} training rows (a DP count) × {width:,} model-space columns",
+                 fix="Declare fewer categories (merge rare ones), drop columns, or train on a subsample (data.max_rows)")
 
 
 PLANNING_ROWS = 10_000  # a stand-in for the DP count when planning the weights (their ε does not depend on it)

@@ -27,6 +27,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import IO
 
 log = logging.getLogger("lightning_dp.progress")
 DEFAULT_SECONDS = 30.0
@@ -168,6 +169,32 @@ class Progress:
             log.info(text)
         else:  # no logging set up (a notebook, a script): straight to stderr
             print(text, file=sys.stderr, flush=True)
+
+
+class _Stderr(logging.StreamHandler):
+    """The current ``sys.stderr`` at each line (a test or a notebook may swap it)."""
+
+    @property  # type: ignore[override]
+    def stream(self) -> IO[str]:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: IO[str]) -> None:
+        pass
+
+
+@contextmanager
+def plain_console() -> Iterator[None]:
+    """For a command-line tool whose logging prefixes every line: progress lines go to stderr as they are."""
+    handler = _Stderr()
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    log.addHandler(handler)
+    log.propagate = False
+    try:
+        yield
+    finally:
+        log.removeHandler(handler)
+        log.propagate = True
 
 
 tracker = Progress()

@@ -180,18 +180,20 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("pytorch_lightning", "lightning_fabric", "lightning"):  # priv_mlp trains with a Trainer: no banners
         logging.getLogger(name).setLevel(logging.WARNING)
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*")
-    from lightning_dp.progress import tracker
+    from lightning_dp.progress import plain_console, tracker
 
     try:
         if args.weights is None:
-            with tracker.session():
+            with plain_console(), tracker.session():
                 tracker.stage("sample", total=args.num_rows, unit="rows")
                 path = sample_checkpoint(args.checkpoint, args.num_rows, args.out, seed=args.seed)
             print(f"wrote {args.num_rows} rows to {path}")
             return 0
         weights = {"estimator": args.weights, "epsilon": args.weights_epsilon, "temper": args.temper,
                    "psis": not args.no_psis, "allow_non_private": args.allow_non_private_weights}
-        path, summary = sample_weighted(args.checkpoint, args.num_rows, args.out, weights=weights, seed=args.seed)
+        with plain_console(), tracker.session():  # elapsed time while the weights are fitted (their steps: Lightning's)
+            tracker.stage(f"weights: {args.weights} (fit the weights, then sample)")
+            path, summary = sample_weighted(args.checkpoint, args.num_rows, args.out, weights=weights, seed=args.seed)
     except (UserError, ValueError) as err:  # bad input (CheckpointError, UnsafeConfigError, DataError): says why
         print(f"error: {err}", file=sys.stderr)
         return EXIT_USER_ERROR

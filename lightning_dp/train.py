@@ -18,13 +18,21 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from lightning_dp.budget import RunBudget
 from lightning_dp.callbacks.progress_lines import ProgressLines
 from lightning_dp.callbacks.run_record import RunRecord, write_run_files
-from lightning_dp.checkpoint import AtomicCheckpointIO, check_model_size
+from lightning_dp.checkpoint import AtomicCheckpointIO
 from lightning_dp.data.datamodule import PrivateDataModule
 from lightning_dp.data.dp_count import RowCount
 from lightning_dp.errors import RunExistsError, StorageError, UserError, python_command
 from lightning_dp.launch import launch_rank, publish_prefit, wait_for_prefit
-from lightning_dp.models import build_mechanisms, build_model, check_data
-from lightning_dp.preflight import ConfigError, check_before_release, check_run, check_space, checkpoint_bytes
+from lightning_dp.models import build_mechanisms, build_model, check_data, minmax_columns
+from lightning_dp.preflight import (
+    ConfigError,
+    check_before_release,
+    check_model,
+    check_rows_memory,
+    check_run,
+    check_space,
+    checkpoint_bytes,
+)
 from lightning_dp.privacy import mechanisms as mech
 from lightning_dp.privacy.coverage import complete_mechanisms
 from lightning_dp.privacy.ledger import BudgetExceededError, PrivacyLedger
@@ -48,9 +56,11 @@ log = logging.getLogger(__name__)
 class _DropTips(logging.Filter):
     """Lines Lightning prints on every run that say nothing a user can act on: its advertisement for a cloud
     logger, "GPU/TPU/HPU available: False" on a CPU machine (a GPU that is there but unused is still shown),
-    and "`Trainer.fit` stopped: `max_epochs=3` reached" (the progress lines and the summary say it)."""
+    "`Trainer.fit` stopped: `max_epochs=3` reached" (the progress lines and the summary say it), and its two
+    "Restoring/Restored states" lines on a resume."""
 
-    NOISE = re.compile(r"💡 Tip|(GPU|TPU|HPU|IPU) available: False|`Trainer\.fit` stopped: `max_(epochs|steps)=")
+    NOISE = re.compile(r"💡 Tip|(GPU|TPU|HPU|IPU) available: False|`Trainer\.fit` stopped: `max_(epochs|steps)=|"
+                       r"Restor(ing|ed all) states from the checkpoint")  # our "Resuming from ..." line says it
 
     def filter(self, record: logging.LogRecord) -> bool:
         return not self.NOISE.match(str(record.msg))
@@ -275,6 +285,8 @@ def _train(cfg: DictConfig, *, overrides: Sequence[str] | None, run_log: RunLog,
     budget = stack.enter_context(RunBudget.open(cfg.privacy, out)) if rank == 0 else None
     held.update(ledger=ledger, output_dir=str(out))  # for the message of a refusal after a release
     tracker.set_epsilon(lambda: f"ε = {ledger.spent:.4g} of {ledger.target_epsilon:g}")
+    if rank > 0:  # under DDP rank 0 alone writes progress lines
+        tracker.enabled = False
     tracker.stage("prepare data (row count and schema releases)")
     data_state, ckpt_path = None, None
     if resume is not None:
@@ -312,19 +324,22 @@ def _train(cfg: DictConfig, *, overrides: Sequence[str] | None, run_log: RunLog,
     noise_seed = cfg.privacy.get("noise_seed")
     dm = PrivateDataModule(**cfg.data)
     allow = cfg.privacy.get("allow_large_delta", False)
+    public: dict[str, Any] = {}  # the public schema, for the memory check on the DP count
     if rank == 0:  # each pre-training release is saved with its value before use (a kill loses nothing)
         ledger.commit = lambda: publish_prefit(out, ledger=ledger.state_dict(), data=dm.state_dict(), complete=False)
     dm.prepare(ledger, generator=mech.noise_generator(noise_seed), state=data_state,
-               check_rows=lambda count: check_delta(ledger.delta, count, allow_large_delta=allow),
+               check_rows=lambda count: (check_delta(ledger.delta, count, allow_large_delta=allow),
+                                         check_rows_memory(count.value, public.get("schema"))),
                count_budget_fraction=cfg.privacy.get("count_budget_fraction", 0.02),
-               check_schema=lambda schema: (check_data(cfg.model, schema),
+               check_schema=lambda schema: (check_data(cfg.model, schema), public.update(schema=schema),
                                             check_before_release(cfg, schema, weighting if resume is None else None)),
+               minmax_columns=lambda schema: minmax_columns(cfg.model, schema),
                identify=budget.identify if budget is not None else None)
     ledger.commit = None
     if rank == 0:
         publish_prefit(out, ledger=ledger.state_dict(), data=dm.state_dict(), complete=True)
     num_weighted = _reserve_weights(cfg, weighting, dm, ledger) if weighting is not None else 0
-    check_model_size(cfg.model, dm.layout, where=f"model={cfg.model.name}")
+    check_model(cfg, dm.layout)  # the run's own layout (cells and categories a release may have decided)
     model = build_model(cfg.model, dm.layout)
     advise(cfg, dm)
     check_space(out, checkpoint_bytes(model))

@@ -58,7 +58,7 @@ class AdaptiveMarginals(Callback):
     :meth:`PrivacyLedger.durable` block, so the checkpoint holding them and the ledger are on disk before a
     training step uses them; a resumed run continues from the module's counters and refuses a checkpoint that
     is behind its ledger. Under DDP every rank computes its shard's exact marginals, they are summed once, and
-    rank 0's selection and noise are broadcast, so each release happens once.
+    rank 0's selection and noise are broadcast (and its schedule: σ, ε, the last round), so each release happens once and every rank stops together.
 
     Args:
         ledger: the run's ledger.
@@ -178,6 +178,7 @@ class AdaptiveMarginals(Callback):
         module.num_rows.fill_(max(float(self.datamodule.released_num_rows), 1.0))
         for c, values in enumerate(noisy):
             module.add_measurement((c,), values, sigma * delta_1)
+        module.start_from_one_way()
         module.rho_total.fill_(rho)
         module.rho_used.fill_(columns / (2 * sigma**2))
         module.round_sigma.fill_(sigma)
@@ -208,6 +209,8 @@ class AdaptiveMarginals(Callback):
         if final:  # the last round spends what is left (AIM, Alg. 1, line 15)
             sigma = math.sqrt(1 / (2 * (1 - self.selection_fraction) * left))
             epsilon = math.sqrt(8 * self.selection_fraction * left)
+        # every rank follows rank 0's schedule (the model's answers use each rank's own latent draws)
+        sigma, epsilon, final = self._broadcast(trainer, (sigma, epsilon, final))
         answers = module.answers(module.cliques)
         cells = torch.tensor([float(mg.clique_size(c, module.levels)) for c in module.cliques], dtype=torch.float64)
         errors = torch.stack([(self._exact[c] - a.cpu()).abs().sum() for c, a in zip(module.cliques, answers)])
@@ -221,17 +224,17 @@ class AdaptiveMarginals(Callback):
             note=f"exponential mechanism over {len(scores)} marginals, ε = {epsilon:.4g}, Δ = {sens_select:g} "
                  "(AIM's score); bounded range: min(αε²/8, ε)"))
         chosen = mech.exponential_mechanism(scores, epsilon=epsilon, sensitivity=sens_select, generator=self._gen)
+        chosen, before = self._broadcast(trainer, (chosen, answers[chosen]))
         clique = module.cliques[chosen]
         self.ledger.record(Release(
             name=ROUND.format(t, "measure"), mechanism="gaussian", sensitivity=delta_1, noise_multiplier=sigma,
             note=f"the marginal of columns {list(clique)} ({mg.clique_size(clique, module.levels)} cells)"))
         noisy = mech.gaussian_noise(self._exact[clique], sensitivity=delta_1, noise_multiplier=sigma,
                                     generator=self._gen)
-        chosen, noisy = self._broadcast(trainer, (chosen, noisy))
-        clique = module.cliques[chosen]
+        noisy = self._broadcast(trainer, noisy)
         module.add_measurement(clique, noisy, sigma * delta_1)
         module.pending_clique.fill_(chosen)
-        module.pending_before = answers[chosen].to(module.pending_before.device)
+        module.pending_before = before.to(module.pending_before.device)
         module.rho_used += mg.round_cost(sigma, epsilon)
         module.round_sigma.fill_(sigma)
         module.round_epsilon.fill_(epsilon)

@@ -152,7 +152,7 @@ class DPSGD(Callback):
         self._params = [p for p in modules.parameters() if p.requires_grad]
         self._original_backward = pl_module.backward
         pl_module.backward = self._backward  # the LightningModule.backward hook, for this module only
-        if planned < FEW_STEPS and "discriminator" in self.private_modules:  # advice for GANs only
+        if planned < FEW_STEPS and "discriminator" in self.private_modules and not self.steps_done:  # GANs; once a run
             log.warning("DP-SGD will take only %d steps (noise multiplier %.3g, sample rate %.3g): a GAN rarely learns in "
                         "fewer than a few hundred, so expect a poor model. Raise trainer.max_epochs (the noise is "
                         "recalibrated for the budget), or use a tuned experiment: experiment=bias_breast, "

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,10 +22,12 @@ from torch import Tensor
 from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_dp.data.canonical import canonical_frame, canonical_images, row_digests
+from lightning_dp.data.dp_cells import DEFAULT_BINS, needs_cells, release_cells
 from lightning_dp.data.dp_count import RELEASE_NAME as COUNT_RELEASE
 from lightning_dp.data.dp_count import RowCount, release_row_count
 from lightning_dp.data.dp_preprocessing import needs_release, release_schema
 from lightning_dp.data.encoders import TabularEncoder
+from lightning_dp.data.representation import REPRESENTATIONS
 from lightning_dp.data.sampling import DPCountBatchSampler, PoissonBatchSampler
 from lightning_dp.data.schema import DataError, Schema, validate
 from lightning_dp.data.sources import ImageSource, TabularSource, load_source
@@ -53,13 +55,17 @@ class PrivateDataModule(LightningDataModule):
         public_num_rows: the data owner's statement that the number of training rows is public (and
             equal to this); ``None`` releases a DP count (``dp_count.py``).
         batch_size: batch size of ``train_dataloader`` (expected batch size under Poisson sampling).
-        preprocessing_epsilon_fraction: ε share for DP bounds/categories the schema leaves out.
+        preprocessing_epsilon_fraction: ε share for DP bounds/categories/cells the schema leaves out.
+        representation: how continuous columns are written in model space: ``cells`` (spikes, quantile bins,
+            missing as cells and a within-cell position; ``representation.py``) or ``minmax`` (one number).
+        bins: quantile bins of a cells column whose schema says neither ``bins: [edges]`` nor ``bins: K``.
     """
 
     def __init__(self, *, name: str, root: str | None = None, path: str | None = None, schema: str | None = None,
                  test_path: str | None = None, num_classes: int | None = None, holdout_fraction: float = 0.2,
                  split_seed: int = 0, max_rows: int | None = None, public_num_rows: int | None = None,
-                 batch_size: int = 256, preprocessing_epsilon_fraction: float = 0.1) -> None:
+                 batch_size: int = 256, preprocessing_epsilon_fraction: float = 0.1, representation: str = "cells",
+                 bins: int = DEFAULT_BINS) -> None:
         super().__init__()
         self.name, self.root, self.path, self.schema_path = name, root, path, schema
         self.test_path, self.num_classes = test_path, num_classes
@@ -67,6 +73,12 @@ class PrivateDataModule(LightningDataModule):
         self.public_num_rows = public_num_rows
         self.batch_size = batch_size
         self.preprocessing_epsilon_fraction = preprocessing_epsilon_fraction
+        if representation not in REPRESENTATIONS:
+            raise DataError(f"data.representation={representation!r}; valid: {', '.join(REPRESENTATIONS)}.")
+        if isinstance(bins, bool) or not isinstance(bins, int) or not 1 <= bins <= 1000:
+            raise DataError(f"data.bins={bins!r} must be a whole number of quantile bins from 1 to 1000.")
+        self.representation, self.bins = representation, bins
+        self.minmax_columns: tuple[str, ...] = ()
         self.row_count: RowCount | None = None
         self.kind: str | None = None
         self.encoder: TabularEncoder | None = None
@@ -85,6 +97,7 @@ class PrivateDataModule(LightningDataModule):
     def prepare(self, ledger: PrivacyLedger, *, generator: torch.Generator, state: dict[str, Any] | None = None,
                 check_rows: Callable[[RowCount], None] | None = None, count_budget_fraction: float = 0.02,
                 private_use: bool = False, check_schema: Callable[[Any], None] | None = None,
+                minmax_columns: Sequence[str] | Callable[[Schema], Sequence[str]] = (),
                 identify: Callable[[np.ndarray, str], None] | None = None) -> None:
         """Load, split and encode the private data; release (and charge) n and the schema facts that are not public.
 
@@ -105,16 +118,25 @@ class PrivateDataModule(LightningDataModule):
                 the exact count is used and nothing is released (a schema that needs a release is refused).
             check_schema: called with the public schema (None for images) before anything is released (the
                 model's own checks, e.g. PPEM's sensitive columns).
+            minmax_columns: continuous columns the model needs as one min-max number under ``cells`` (PPEM's
+                sensitive columns), or a function of the public schema giving them; ignored when a ``state``
+                says which they are.
             identify: called with one canonical digest per row of the whole source (training and test rows, shape
                 (N,)) and the data kind, after the rows are checked and before anything is released: the budget
                 registry's fingerprint of the data set (``lightning_dp/budget``).
         """
         source = self._load()
+        if isinstance(source, TabularSource):
+            chosen = minmax_columns(source.schema) if callable(minmax_columns) else minmax_columns
+            self.minmax_columns = tuple(chosen)
         if check_schema is not None:
             check_schema(source.schema if isinstance(source, TabularSource) else None)
-        if private_use and state is None and isinstance(source, TabularSource) and needs_release(source.schema):
-            raise DataError(f"The {source.name} schema leaves bounds or categories to a DP release: load it from the "
-                            "run's checkpoint (its released schema), or declare them in the schema.")
+        if private_use and state is None and isinstance(source, TabularSource):
+            if needs_release(source.schema):
+                raise DataError(f"The {source.name} schema leaves bounds or categories to a DP release: load it from "
+                                "the run's checkpoint (its released schema), or declare them in the schema.")
+            if needs_cells(source.schema, self.minmax_columns):  # rows read for scoring only: nothing to learn
+                self.representation = "minmax"
         if isinstance(source, ImageSource):
             image_rows = canonical_images(source.images, source.labels)  # (N, HW + 1): what each image is
             train, holdout = self._split_images(image_rows)
@@ -194,11 +216,21 @@ class PrivateDataModule(LightningDataModule):
         self.kind = "tabular"
         schema = source.schema
         if state is not None and "schema" in state:
-            schema = Schema.from_dict(state["schema"])
-        elif needs_release(schema):
-            schema = release_schema(train, schema, ledger, generator=generator, num_rows=self.row_count.value,
-                                    epsilon=self.preprocessing_epsilon_fraction * ledger.target_epsilon)
-        self.encoder = TabularEncoder(schema)
+            self.encoder = TabularEncoder.from_state_dict(state)
+        else:
+            cells = self.representation == "cells"
+            minmax = self.minmax_columns if cells else ()
+            releases = int(bool(needs_release(schema))) + int(cells and bool(needs_cells(schema, minmax)))
+            epsilon = self.preprocessing_epsilon_fraction * ledger.target_epsilon / max(releases, 1)
+            if needs_release(schema):
+                schema = release_schema(train, schema, ledger, generator=generator, num_rows=self.row_count.value,
+                                        epsilon=epsilon)
+            if cells and needs_cells(schema, minmax):
+                schema, unknown = release_cells(train, schema, ledger, epsilon=epsilon, num_rows=self.row_count.value,
+                                                generator=generator,
+                                                minmax_columns=minmax, bins=self.bins)
+                minmax = (*minmax, *unknown)
+            self.encoder = TabularEncoder(schema, representation=self.representation, minmax_columns=minmax)
         keep = self.encoder.keep_mask(train)
         if needs_release(source.schema):  # data-independent: whether any row was dropped is private
             log.warning("Rows whose categories were not released (too rare for DP partition selection) are left out "
@@ -243,7 +275,7 @@ class PrivateDataModule(LightningDataModule):
         if self.kind == "image":
             state["image_shape"] = list(self.image_shape)
         elif self.encoder is not None:
-            state["schema"] = self.encoder.schema.to_dict()
+            state.update(self.encoder.state_dict())
         return state
 
     # ---------------------------------------------------------------- private access
@@ -289,7 +321,7 @@ def decode_samples(data_state: dict[str, Any], x: Tensor, y: Tensor) -> pd.DataF
     if data_state["kind"] == "image":
         images = x.detach().cpu().numpy().reshape(len(x), *data_state["image_shape"]).astype(np.float32)
         return {"images": images, "labels": y.detach().cpu().numpy()}
-    return TabularEncoder(Schema.from_dict(data_state["schema"])).inverse_transform(x, y)
+    return TabularEncoder.from_state_dict(data_state).inverse_transform(x, y)
 
 
 def write_table(df: pd.DataFrame, path: str | Path) -> None:

@@ -8,11 +8,27 @@ A schema file (YAML) is what the data owner declares public:
     missing_values: ["?"]         # tokens read as a missing value
     columns:
       - {name: age, type: continuous, bounds: [17, 90], integer: true}
+      - {name: capital-gain, type: continuous, bounds: [0, 99999], integer: true, spikes: [0]}
+      - {name: premium, type: continuous, bounds: [0, 5000], decimals: 2, bins: [0, 500, 1000, 2000, 5000]}
       - {name: workclass, type: categorical, categories: [Private, State-gov], missing: true}
       - {name: income, type: categorical, categories: ["<=50K", ">50K"]}
 
+Keys of a column:
+
+* ``type``: ``continuous`` or ``categorical``.
+* ``bounds: [lo, hi]`` (continuous): the public range; values outside it are refused.
+* ``categories: [...]`` (categorical): the public category list.
+* ``missing: true``: missing values are allowed and modelled (jointly with the other columns).
+* ``integer: true`` (continuous): values are integers; samples are integers.
+* ``decimals: N`` (continuous): samples are rounded to N decimal places (money in cents: ``decimals: 2``).
+* ``spikes: [v, ...]`` (continuous): values that carry a mass of their own (a 0 in a money column, a top code);
+  each gets its own cell in model space (``representation.py``). ``spikes: []`` declares that there are none.
+* ``bins: [e_0, ..., e_k]`` (continuous): public bin edges from the lower to the upper bound (integers for an
+  integer column); ``bins: K`` asks for K quantile bins released with DP.
+
 Bounds or categories left out are *not* public: the run estimates them with DP and charges the
-ledger (see ``dp_preprocessing.py``). ``missing: true`` means missing values are allowed and modelled.
+ledger (see ``dp_preprocessing.py``); so are spikes and bins left out under the default ``cells``
+representation (``dp_cells.py``: one Gaussian release for all columns).
 """
 
 from __future__ import annotations
@@ -28,11 +44,13 @@ import numpy as np
 import pandas as pd
 import yaml
 
+from lightning_dp.data.representation import check_edges
 from lightning_dp.errors import UserError
 
 log = logging.getLogger(__name__)
 
 KINDS = ("continuous", "categorical")
+CELL_KEYS = ("decimals", "spikes", "bins")  # left out of a schema's dict when not set (older data states)
 
 
 class DataError(UserError, ValueError):
@@ -50,6 +68,9 @@ class Column:
         categories: public category list of a categorical column, or ``None`` (estimated with DP).
         missing: whether missing values are allowed (and modelled).
         integer: continuous values are integers (samples are rounded).
+        decimals: continuous samples are rounded to this many places (``None``: not rounded).
+        spikes: public point masses of a continuous column (``None``: found with DP under ``cells``).
+        bins: public bin edges of a continuous column, or the number of DP quantile bins (``None``: the default).
     """
 
     name: str
@@ -58,6 +79,9 @@ class Column:
     categories: list[str] | None = None
     missing: bool = False
     integer: bool = False
+    decimals: int | None = None
+    spikes: list[float] | None = None
+    bins: list[float] | int | None = None
 
     def __post_init__(self) -> None:
         if self.type not in KINDS:
@@ -76,6 +100,47 @@ class Column:
             self.categories = [str(c) for c in self.categories]
             if len(set(self.categories)) != len(self.categories):
                 raise DataError(f"Column {self.name!r}: the category list has duplicates.")
+        self._check_cells()
+
+    def _check_cells(self) -> None:
+        """``decimals``, ``spikes`` and ``bins``: only on continuous columns, consistent with bounds and integer."""
+        given = [k for k in ("decimals", "spikes", "bins") if getattr(self, k) is not None]
+        if given and self.type != "continuous":
+            raise DataError(f"Column {self.name!r}: {', '.join(given)} apply to continuous columns only.")
+        if self.decimals is not None:
+            if isinstance(self.decimals, bool) or not isinstance(self.decimals, int) or not 0 <= self.decimals <= 12:
+                raise DataError(f"Column {self.name!r}: decimals must be a whole number of places from 0 to 12, got "
+                                f"{self.decimals!r}.")
+            if self.integer and self.decimals != 0:
+                raise DataError(f"Column {self.name!r} is integer: drop decimals: {self.decimals}, or integer: true.")
+        if self.spikes is not None:
+            try:
+                spikes = sorted({float(v) for v in self.spikes})
+            except (TypeError, ValueError):
+                raise DataError(f"Column {self.name!r}: spikes must be a list of numbers, got {self.spikes!r}.") from None
+            lo, hi = self.bounds or (-math.inf, math.inf)
+            bad = [v for v in spikes if not (math.isfinite(v) and lo <= v <= hi) or (self.integer and v != round(v))]
+            if bad:
+                raise DataError(f"Column {self.name!r}: spikes {bad} are not {'integers ' if self.integer else ''}"
+                                f"inside the bounds {self.bounds}. Fix them or the bounds.")
+            self.spikes = spikes
+        if isinstance(self.bins, bool) or not (self.bins is None or isinstance(self.bins, int | list)):
+            raise DataError(f"Column {self.name!r}: bins must be a list of edges or a number of DP quantile bins, "
+                            f"got {self.bins!r}.")
+        if isinstance(self.bins, int) and not 1 <= self.bins <= 1000:
+            raise DataError(f"Column {self.name!r}: bins: {self.bins} must be from 1 to 1000.")
+        if isinstance(self.bins, list):
+            try:
+                edges = [float(v) for v in self.bins]
+            except (TypeError, ValueError):
+                raise DataError(f"Column {self.name!r}: bins must be numbers, got {self.bins!r}.") from None
+            if self.bounds is None and len(edges) >= 2:
+                self.bounds = [edges[0], edges[-1]]
+            why = check_edges(edges, lo=self.bounds[0], hi=self.bounds[1], integer=self.integer) if self.bounds else (
+                "bins must be at least two increasing edges")
+            if why:
+                raise DataError(f"Column {self.name!r}: {why} (got bins: {self.bins!r}).")
+            self.bins = edges
 
 
 @dataclass
@@ -114,7 +179,8 @@ class Schema:
 
     def to_dict(self) -> dict[str, Any]:
         return {"label": self.label, "missing_values": list(self.missing_values),
-                "columns": [asdict(c) for c in self.columns]}
+                "columns": [{k: v for k, v in asdict(c).items() if v is not None or k not in CELL_KEYS}
+                            for c in self.columns]}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Schema:
@@ -127,7 +193,7 @@ class Schema:
             columns = [Column(**c) for c in cols]
         except TypeError as err:
             raise DataError(f"Bad column entry in the schema: {err}. Valid keys: name, type, bounds, "
-                            "categories, missing, integer.") from err
+                            "categories, missing, integer, decimals, spikes, bins.") from err
         return cls(columns=columns, label=d.get("label"), missing_values=list(d.get("missing_values", ["?", ""])))
 
     @classmethod

@@ -156,18 +156,58 @@ def load_csv(path: str | Path | None = None, schema: str | Path | None = None, t
         raise DataError("data=csv needs data.path=PATH (a CSV or Parquet file) and data.schema=PATH (a YAML schema).")
     train = read_table(path)
     if not schema:
-        raise DataError(f"data=csv needs data.schema=PATH: column types cannot be read from private rows without "
-                        f"spending privacy budget. Write a YAML file like this one (from the header of "
-                        f"{Path(path).name}; pick each type; give bounds/categories you know, the rest are released "
-                        f"with DP) and pass data.schema=PATH:\n{schema_template(train.columns)}")
+        raise DataError(f"data=csv needs data.schema=PATH: a run reads nothing about the columns from private rows "
+                        f"without spending privacy budget. Write a YAML file like this one (types proposed from "
+                        f"{Path(path).name} for you alone: check each, give bounds/categories you know, the rest are "
+                        f"released with DP) and pass data.schema=PATH:\n{schema_template(train.columns, train)}")
     test = read_table(test_path) if test_path else None
     return TabularSource(train=train, test=test, schema=Schema.from_yaml(schema), name=Path(path).stem)
 
 
-def schema_template(names: Sequence[object], limit: int = 40) -> str:
-    """A YAML schema to fill in, from column names alone (the header is structure, not a private value)."""
-    lines = ["label: null   # the class column, if any (categorical)", "columns:"]
-    lines += [f"  - {{name: {json.dumps(str(n))}, type: continuous}}   # or: type: categorical" for n in list(names)[:limit]]
+MISSING_TOKENS = ("", "?", "NA", "N/A", "nan", "NaN", "null", "None")
+
+
+def propose_column(values: pd.Series, limit_categories: int = 12) -> str:
+    """A schema entry's keys proposed from a column's values (for the operator's eyes only: see
+    :func:`schema_template`): ``type``, ``integer``, ``decimals``, ``spikes: [0]`` and ``missing``; never bounds or
+    category lists, which would copy private extremes and rare values."""
+    raw = values.astype("string").str.strip()
+    missing = raw.isna() | raw.isin(MISSING_TOKENS)
+    present = raw[~missing]
+    number = pd.to_numeric(present, errors="coerce")
+    keys: list[str] = []
+    if len(present) and number.notna().all() and number.nunique() > min(limit_categories, len(present) // 2):
+        keys.append("type: continuous")
+        v = number.to_numpy(float)
+        if np.all(v == np.round(v)):
+            keys.append("integer: true")
+        else:
+            places = present.str.extract(r"\.(\d+)$")[0].str.len().fillna(0)
+            if places.max() <= 4:
+                keys.append(f"decimals: {int(places.max())}")
+        if (v == 0).mean() >= 0.05:
+            keys.append("spikes: [0]")
+    else:
+        keys.append("type: categorical")
+    if missing.any():
+        keys.append("missing: true")
+    return ", ".join(keys)
+
+
+def schema_template(names: Sequence[object], frame: pd.DataFrame | None = None, limit: int = 40) -> str:
+    """A YAML schema to fill in. From the header alone (structure, not a private value), every column is continuous;
+    with ``frame``, each column's keys are proposed from its values (:func:`propose_column`). That proposal reads
+    private rows: it goes into the refusal the operator sees on the console, before anything is released, so no run
+    folder or log file exists to hold it; it is never written anywhere."""
+    lines = ["label: null   # the class column, if any (categorical)",
+             "missing_values: ['', '?']" if frame is not None else "columns:"]
+    if frame is not None:
+        lines += ["# types proposed from your rows (private: shown only to you); add bounds: [lo, hi] you know",
+                  "columns:"]
+    for n in list(names)[:limit]:
+        keys = propose_column(frame[n]) if frame is not None else "type: continuous"
+        hint = "" if frame is not None else "   # or: type: categorical"
+        lines.append(f"  - {{name: {json.dumps(str(n))}, {keys}}}{hint}")
     if len(names) > limit:
         lines.append(f"  # ... and {len(names) - limit} more columns")
     return "\n".join(lines)

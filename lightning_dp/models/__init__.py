@@ -71,6 +71,15 @@ def check_data(model_cfg: Any, schema: Any) -> None:
             check_settings({k: v for k, v in node.items() if k != "_target_"})
 
 
+def minmax_columns(model_cfg: Any, schema: Any) -> list[str]:
+    """Continuous columns the model needs as one min-max number under the ``cells`` representation:
+    ``Module.minmax_columns(module_cfg, schema)`` where the class has it (PPEM's sensitive columns), else none."""
+    cfg = check_model_config(model_cfg)
+    module_cls = resolve(cfg["module"]["_target_"], expected="module", where="model.module")
+    hook = getattr(module_cls, "minmax_columns", None)
+    return list(hook(cfg["module"], schema)) if hook is not None and schema is not None else []
+
+
 def check_model_config(model_cfg: Any, *, where: str = "model") -> dict[str, Any]:
     """Validate a whole model config without building anything; return it as a plain dict.
 

@@ -15,6 +15,7 @@ plus a level for each bound exactly (a "spike": 0 capital gain, a top-coded maxi
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -227,6 +228,19 @@ class GEM(GeneratorModule):
         end = self.meas_offsets[-1:] + noisy.numel()
         self.meas_offsets = torch.cat([self.meas_offsets, end])
 
+    @torch.no_grad()
+    def start_from_one_way(self) -> None:
+        """Start every column at its released 1-way proportions (clipped at 1e-3): the output layer's bias is their
+        log, its weights stay 0, so the fit begins at the independent model of the 1-way measurements."""
+        out = getattr(self.generator, "out", None)
+        if not isinstance(out, nn.Linear):
+            return
+        o = self.offsets
+        for clique, y, _ in self.pooled():
+            if len(clique) == 1:
+                p = (y / float(self.num_rows)).clamp_min(1e-3)
+                out.bias[o[clique[0]] : o[clique[0] + 1]] = (p / p.sum()).log().to(out.bias)
+
     def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any, **kwargs: Any) -> None:
         """The measurements' sizes are known only after the releases: take the saved ones before loading them."""
         for name in GROWING:
@@ -251,29 +265,66 @@ class GEM(GeneratorModule):
         z = torch.randn(n, self.generator.latent_dim, device=self.device)
         return self.generator(z)
 
+    @property
+    def offsets(self) -> list[int]:
+        """Where each column's levels start in the concatenated level vector (length C + 1)."""
+        return [0, *itertools.accumulate(self.levels)]
+
+    def _block(self, gram: Tensor, clique: Clique) -> Tensor:
+        """A 2-way clique's marginal, flat, from the Gram matrix ``PᵀP / B`` of the concatenated levels."""
+        o = self.offsets
+        (a, b) = clique
+        return gram[o[a] : o[a + 1], o[b] : o[b + 1]].flatten()
+
     @torch.no_grad()
     def answers(self, cliques: Sequence[Clique], *, draws: int = 8192) -> list[Tensor]:
         """The generator's marginals of ``cliques`` in counts (``n̂ ·`` proportions), float64."""
         probs = self.level_probs(draws)
-        return [product_marginal(probs, c).double() * float(self.num_rows) for c in cliques]
+        flat = torch.cat(probs, 1)  # (draws, K)
+        gram = flat.T @ flat / draws  # (K, K): every 2-way marginal at once
+        n = float(self.num_rows)
+        return [(self._block(gram, c) if len(c) == 2 else product_marginal(probs, c)).double() * n for c in cliques]
 
     # ---------------------------------------------------------------- training (post-processing)
     def train_dataloader(self) -> DataLoader:
         """Step indices only: the module fits released marginals, never rows."""
         return DataLoader(range(self.hparams.steps_per_epoch), batch_size=None)
 
+    def _fit_targets(self) -> tuple[Tensor, Tensor, Tensor, Tensor, list[tuple[Clique, Tensor, float]]]:
+        """The pooled measurements as proportions: 1-way targets and weights (K,), 2-way ones as (K, K) blocks of
+        the Gram matrix (weight 0 where nothing was measured), and the larger cliques apart."""
+        n, o, size = float(self.num_rows), self.offsets, self.offsets[-1]
+        one, one_w = torch.zeros(size, dtype=torch.float64), torch.zeros(size, dtype=torch.float64)
+        two, two_w = torch.zeros(size, size, dtype=torch.float64), torch.zeros(size, size, dtype=torch.float64)
+        rest = []
+        for clique, y, precision in self.pooled():
+            y, w = y.cpu() / n, precision * n**2
+            if len(clique) == 1:
+                (c,) = clique
+                one[o[c] : o[c + 1]], one_w[o[c] : o[c + 1]] = y, w
+            elif len(clique) == 2:
+                a, b = clique
+                two[o[a] : o[a + 1], o[b] : o[b + 1]] = y.view(o[a + 1] - o[a], o[b + 1] - o[b])
+                two_w[o[a] : o[a + 1], o[b] : o[b + 1]] = w
+            else:
+                rest.append((clique, y.to(self.device, torch.float32), w))
+        dev = self.device
+        return (one.to(dev, torch.float32), one_w.to(dev, torch.float32), two.to(dev, torch.float32),
+                two_w.to(dev, torch.float32), rest)
+
     def training_step(self, batch: Any, batch_idx: int) -> Tensor:
         if not self.is_released():
             raise RuntimeError("GEM has no released marginals: add the AdaptiveMarginals mechanism.")
         key = len(self.meas_sigma)  # pooled again after each new measurement
         if getattr(self, "_targets", None) is None or self._targets[0] != key:
-            n = float(self.num_rows)
-            self._targets = (key, [(c, y / n, prec * n**2) for c, y, prec in self.pooled()])
+            self._targets = (key, self._fit_targets())
+        one, one_w, two, two_w, rest = self._targets[1]
         probs = self.level_probs(self.hparams.batch_size)
-        loss = torch.zeros((), device=self.device)
-        for clique, target, weight in self._targets[1]:
-            q = product_marginal(probs, clique)  # (cells,) proportions
-            loss = loss + 0.5 * weight * (q - target.to(q)).square().sum()
+        flat = torch.cat(probs, 1)  # (B, K)
+        gram = flat.T @ flat / flat.shape[0]  # (K, K): every 2-way marginal of the mixture
+        loss = 0.5 * (two_w * (gram - two).square()).sum() + 0.5 * (one_w * (flat.mean(0) - one).square()).sum()
+        for clique, target, weight in rest:
+            loss = loss + 0.5 * weight * (product_marginal(probs, clique) - target).square().sum()
         self.log("train/fit_loss", loss.detach(), prog_bar=True)
         self.log("train/rounds", float(self.rounds))
         return loss

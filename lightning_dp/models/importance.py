@@ -210,20 +210,14 @@ class KnownWeights:
         for block in encoder.blocks:
             if block.indicator:
                 self._indicators[block.column] = offset
-            else:
+            elif not block.cells:
                 self._blocks[block.column] = (offset, block.categories)
             offset += block.size
         self.spec = spec[self.form]
 
     def _value(self, x: Tensor, name: str) -> tuple[Tensor, Tensor]:
         """A continuous column in user units and its missing mask, (B,) each."""
-        j = self._continuous[name]
-        lo, hi = self.encoder.continuous[j].bounds
-        value = lo + x[:, j].clamp(0, 1) * (hi - lo)
-        missing = torch.zeros_like(value, dtype=torch.bool)
-        if name in self._indicators:
-            missing = x[:, self._indicators[name] + 1] > 0.5
-        return value, missing
+        return self.encoder.column_values(x, name)
 
     def _category(self, x: Tensor, y: Tensor, name: str) -> tuple[Tensor, tuple[str, ...]]:
         """Category indices (B,) of a categorical column (the label included) and its category names."""

@@ -100,6 +100,11 @@ class PerturbedHistogram(GeneratorModule):
         """
         check_settings(**{k: module_cfg[k] for k in ("bins_per_dim", "max_cells") if k in module_cfg})
 
+    @staticmethod
+    def minmax_columns(module_cfg: Mapping[str, Any], schema: Any) -> list[str]:
+        """Every continuous column stays one min-max number: the histogram's own bins are its cells."""
+        return [c.name for c in schema.features if c.type == "continuous"]
+
     # ---------------------------------------------------------------- layout
     @property
     def blocks(self) -> list[int]:

@@ -214,6 +214,11 @@ class PPEM(GeneratorModule):
         check_sensitive(sensitive, schema)
         check_objective(str(module_cfg.get("marginal_objective", "ebgan")), len(sensitive))
 
+    @staticmethod
+    def minmax_columns(module_cfg: Mapping[str, Any], schema: Any) -> list[str]:
+        """The sensitive columns x′ stay one min-max number each (E_ξ is a density on them); the rest are cells."""
+        return list(module_cfg.get("sensitive") or [])
+
     # ------------------------------------------------------------------ the protocol of the KSD penalty and audits
     def sensitive_part(self, x: Tensor) -> Tensor:
         """x′: the sensitive columns of model-space rows, shape (B, d′); in training, integer columns dequantised

@@ -97,6 +97,12 @@ class SupportPoints(GeneratorModule):
         check_settings(**{k: module_cfg[k] for k in keys if k in module_cfg})
 
     @staticmethod
+    def minmax_columns(module_cfg: Mapping[str, Any], schema: Any) -> list[str]:
+        """Every continuous column stays one min-max number: the points live in [0, 1]^D and the energy distance
+        and MCMC are tuned for that space (cells would add a one-hot block per column)."""
+        return [c.name for c in schema.features if c.type == "continuous"]
+
+    @staticmethod
     def exposed_networks(module_cfg: Mapping[str, Any]) -> list[str]:
         """None: the optimised points read private rows but never leave the run (see the class docstring)."""
         return []

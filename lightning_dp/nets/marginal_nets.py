@@ -15,8 +15,9 @@ class ProductGenerator(nn.Module):
     §4: a feed-forward net maps z ~ N(0, I) to the logits of every column; the mixture's marginals are averages
     of outer products (``privacy/marginals.product_marginal``), differentiable in the net's weights.
 
-    The output layer starts at zero, so every column starts uniform and a pair the fit never sees stays as
-    independent as the 1-way fits make it (rather than a random initialisation's arbitrary dependence).
+    The output layer's weights start at zero, so every column starts at its bias (uniform, or the released 1-way
+    proportions that the module sets) and a pair the fit never sees stays as independent as the 1-way fits make it
+    (rather than a random initialisation's arbitrary dependence).
 
     Args:
         level_sizes: levels of each discretised column (the label included).

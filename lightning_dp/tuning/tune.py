@@ -85,8 +85,9 @@ MAX_EXPECTED_K = 100  # a compute guard: each candidate is a full training run
 # candidates whose own mechanisms cannot calibrate (e.g. DP-MERF at ε_c = 0.005) or learn nothing: refused at the plan
 MIN_CANDIDATE_EPSILON = 0.02
 # models whose every release is a Gaussian calibrated to the candidate's ε_c, so each candidate's RDP curve is at
-# most the plan's ρλ by construction, for every point of the grid (Theorem 2 needs one bound for all of them)
-TUNABLE = ("dp_merf", "pearl")
+# most the plan's ρλ by construction, for every point of the grid (Theorem 2 needs one bound for all of them); GEM's
+# releases are Gaussian measurements and bounded-range selections whose curves sum to at most α·ρ, ρ calibrated to ε_c
+TUNABLE = ("dp_merf", "pearl", "gem")
 PRIVATE_LOG = "tuning_private.log"
 PRIVATE_HEADER = ("# PRIVATE: every candidate tried and its noisy score. Not covered by the run's DP guarantee "
                   "(Papernot & Steinke cover only the chosen candidate and its score): do not publish this file.")

@@ -182,7 +182,7 @@ def test_without_an_energy_model_the_check_does_not_apply(inputs, reason):
     assert check["status"] == "skipped" and check["applies"] is False
     # no verdict at all: neither a pass nor an inconclusive threshold; with nothing else, nothing was decided
     assert report["verdicts"] == [] and report["status"] == "inconclusive"
-    assert report["summary"] == [f"SKIP lmdp_ksd: {res.skipped}"]
+    assert report["summary"] == [f"SKIP lmdp_ksd (property, not a leak test): {res.skipped}"]
     assert "checks.lmdp_ksd" not in report["privacy"]["from_real_rows"]
 
 
@@ -213,7 +213,7 @@ def test_policy_defaults_and_names():
         "n_bootstrap": 500,
         "max_samples": 1000,
     }
-    assert list(default)[-2:] == ["lmdp_mmd", "lmdp_ksd"]  # beside the MMD test, gating like it
+    assert list(default)[-2:] == ["lmdp_mmd", "lmdp_ksd"]  # beside the MMD test, a property like it
     assert policy.KSD_STATISTICS == lmdp.KSD_STATISTICS == tuple(lmdp_checks.KSD_TESTS)
     assert load_policy({"checks": {"lmdp_ksd": {"statistics": "linear"}}})["checks"]["lmdp_ksd"][
         "statistics"
@@ -263,7 +263,7 @@ def test_the_report_holds_the_ksd_section_beside_the_mmd_test(tmp_path):
     assert report["checks"]["lmdp_mmd"]["columns"] == SENSITIVE
     assert set(report["checks"]["lmdp_ksd"]["tests"]) == {"ksd_u", "ksd_v", "ksd_linear"}
     assert report["summary"][1].startswith(
-        "PASS lmdp_ksd: α-LMDP: p-value of the KSD U-statistic Ŝ_u test (multinomial bootstrap) of real x′"
+        "PASS lmdp_ksd (property, not a leak test): α-LMDP: p-value of the KSD U-statistic Ŝ_u test (multinomial bootstrap) of real x′"
     )
     assert "KSD statistics, p-values" in report["privacy"]["from_real_rows"]["checks.lmdp_ksd"]
     section = page[page.index('id="lmdp_ksd"') : page.index('id="run"')]

@@ -102,16 +102,20 @@ def test_train_with_audit_writes_both_report_files(run):
     assert ksd["status"] == "skipped" and ksd["applies"] is False and "not an energy model" in ksd["reason"]
     assert audit["status"] == report["status"] in STATUSES and audit["summary"] == report["summary"]
     assert (report["status"], report["status_reason"]) == overall_status(report["verdicts"])
-    assert len(report["verdicts"]) == 9  # 3 attacks, 2 disclosures, α-LMDP, utility, 2 fidelity thresholds
-    # the 6 privacy thresholds decide; utility and fidelity are expectations (reported, never deciding)
-    assert [v["gates"] for v in report["verdicts"]] == [True] * 6 + [False] * 3
+    # 3 attacks, 2 disclosures, 2 copies, 1 vulnerable records, 1 linkability, α-LMDP, utility, 2 fidelity thresholds
+    assert len(report["verdicts"]) == 13
+    # the 9 leak thresholds decide; α-LMDP is a property and utility and fidelity are expectations (reported,
+    # never deciding)
+    assert [v["gates"] for v in report["verdicts"]] == [True] * 9 + [False] * 4
+    assert report["checks"]["lmdp_mmd"]["role"] == "property"
     for v in report["verdicts"]:
         assert v["status"] in STATUSES and v["confidence"] == 0.95 and v["reason"].endswith(".")
         assert v["interval"] is None or v["interval"][0] <= v["interval"][1]
     # one line per check, starting with its status: "PASS membership: ...", "FAIL fidelity (expectation): ..."
     assert len(audit["summary"]) == len(CHECKS)
     for line, name in zip(audit["summary"], CHECKS):
-        role = " (expectation)" if name in ("utility", "fidelity") else ""
+        role = {"utility": " (expectation)", "fidelity": " (expectation)"}.get(name, "")
+        role = " (property, not a leak test)" if name.startswith("lmdp") else role
         tag = "SKIP" if name == "lmdp_ksd" else _check_status(report, name).upper()
         assert line.startswith(f"{tag} {name}{role}: "), line
     ledger = json.loads((out / "ledger.json").read_text())
@@ -142,7 +146,7 @@ def test_html_is_self_contained_and_has_every_section(run):
     )
     assert "<script" not in page and "<link" not in page and "@import" not in page
     # ROC curves, presence sweep, attribute columns, utility bars, marginals: all inline PNGs
-    assert re.findall(r'src="([^"]{0,22})', page) == ["data:image/png;base64,"] * 5
+    assert re.findall(r'src="([^"]{0,22})', page) == ["data:image/png;base64,"] * 7  # + copies, vulnerable
     for section in SECTIONS:
         assert f'id="{section}"' in page and f'href="#{section}"' in page, section
     assert "dp_merf/embedding/class_counts" in page  # the ledger table
@@ -397,7 +401,7 @@ def test_python_m_audits_in_a_new_process(run, tmp_path):
         cwd=ROOT,
     )
     assert proc.returncode == 2, proc.stderr
-    assert "unknown option(s) ['max_acu']; valid: attacks, n_bootstrap, max_auc" in proc.stderr
+    assert "unknown option(s) ['max_acu']; valid: attacks, n_bootstrap, max_auc, rule_out_auc" in proc.stderr
     assert "Traceback" not in proc.stderr
 
 
@@ -408,6 +412,9 @@ def test_policy_defaults_and_forms():
         "membership",
         "presence_disclosure",
         "attribute_disclosure",
+        "copies",
+        "vulnerable_records",
+        "linkability",
         "lmdp_mmd",
         "lmdp_ksd",
     ]
@@ -416,7 +423,8 @@ def test_policy_defaults_and_forms():
     assert default["checks"]["membership"] == {
         "attacks": ["dcr", "dcr_ratio", "domias"],
         "n_bootstrap": 200,
-        "max_auc": 0.7,
+        "max_auc": 0.53,
+        "rule_out_auc": 0.65,
     }
     assert (
         default["expectations"]["utility"]["metric"] == "roc_auc"

@@ -113,3 +113,14 @@ def test_two_process_ddp_releases_each_round_once(tmp_path):
     assert json.loads((out / "replicas.json").read_text())["identical"]  # rank 0's releases on every rank
     model = load_run(out / "checkpoints" / "last.ckpt").model
     assert bool(model.finished) and 2 * int(model.rounds) == len(released) - 2
+
+
+def test_private_tuning_selects_among_gem_candidates(tmp_path, single_thread):
+    """GEM's releases compose to at most α·ρ (ρ calibrated to the candidate's ε_c): Theorem 2's bound holds."""
+    cfg = make_cfg(tmp_path, "model=gem", "data=breast_cancer", "tune=default", "model.module.batch_size=64",
+                   "model.module.steps_per_epoch=40", "model.generator.hidden=[16]", "model.mechanisms.0.rounds=64",
+                   "model.mechanisms.0.steps_per_round=2", "model.mechanisms.0.final_steps=3",
+                   "tune.space.gem={model.module.bins:[3,4]}")
+    result = train(cfg)
+    assert names(result) == ["tuning/selection"] and result["epsilon"] == pytest.approx(1.0, rel=1e-3)
+    assert load_run(result["checkpoint"]).model.hparams.bins in (3, 4)

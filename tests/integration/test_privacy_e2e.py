@@ -2,8 +2,11 @@
 
 Fast: no artefact (checkpoint, synthetic file, ledger.json, metrics, configs, log records) is a deterministic
 function of the data, for the default run (DP-MERF), a DP-SGD run (DP-GAN), a DP-GAN run with private
-importance weights (the weight column and weights.json), a DP PPEM run (KSD penalty, public log Z) and GEM's rounds. Slow: hundreds of runs on D and
-D + one planted row, and the ε lower bound from every artefact stays below the claimed ε.
+importance weights (the weight column and weights.json), a DP PPEM run (KSD penalty, public log Z), GEM's rounds,
+private support points and a private hyperparameter selection (tune=default); and for input files in which the
+planted row changes a column's dtype or text (a pandas CSV with a missing value: "1001" becomes "1001.0"; Parquet
+int64 becomes float64). Slow: hundreds of runs on D and D + one planted row, and the ε lower bound from every
+artefact stays below the claimed ε.
 """
 
 import importlib.util
@@ -28,9 +31,17 @@ def files(tmp_path_factory):
     return work, *e2e.neighbouring_files(work)
 
 
+@pytest.fixture(scope="module", params=["csv_missing", "parquet"])
+def reformatted(request, tmp_path_factory):
+    """D and D' where the planted row rewrites a column of every other row (text or dtype)."""
+    work = tmp_path_factory.mktemp(f"e2e_{request.param}")
+    return work, *e2e.neighbouring_files(work, request.param), request.param
+
+
 def _runner(files, config: str):
-    work, d_path, p_path = files
-    cfg = e2e.compose_run(work / "data.csv", config)
+    work, d_path, p_path, *fmt = files
+    schema = e2e.run_schema(work, *fmt)
+    cfg = e2e.compose_run(work / f"data{d_path.suffix}", config, schema=schema)
     return (lambda: e2e.run_once(cfg, d_path, work / "run")), (lambda: e2e.run_once(cfg, p_path, work / "run"))
 
 
@@ -49,9 +60,33 @@ def test_the_planted_row_is_trained_on(files):
     assert np.array_equal(holdout_mask(d, fraction=0.2, seed=0), holdout_mask(p, fraction=0.2, seed=0)[:-1])
 
 
-@pytest.mark.parametrize("config", ["default", "dp_sgd", "weights", "ppem", "gem"])
+@pytest.mark.parametrize("config", ["default", "dp_sgd", "weights", "ppem", "gem", "support_points", "tune"])
 def test_no_artefact_is_a_deterministic_function_of_the_data(files, config, single_thread):
     run_d, run_p = _runner(files, config)
+    assert find_deterministic_leaks(run_d, run_p) == []
+
+
+def test_the_planted_row_changes_the_file_but_moves_no_other_row(reformatted):
+    from lightning_dp.data.canonical import canonical_frame
+    from lightning_dp.data.schema import Schema
+    from lightning_dp.data.sources import read_table
+    from lightning_dp.data.splits import holdout_mask
+
+    work, d_path, p_path, fmt = reformatted
+    d_raw, p_raw = read_table(d_path), read_table(p_path)
+    column = e2e.INTEGER_COLUMN
+    if fmt == "parquet":  # the planted fraction makes the whole column float64
+        assert str(d_raw[column].dtype) == "int64" and str(p_raw[column].dtype) == "float64"
+    else:  # the planted missing value makes pandas write every whole number with ".0"
+        assert ",1001," in d_path.read_text() and ",1001.0," in p_path.read_text()
+    schema = Schema.from_yaml(e2e.run_schema(work, fmt))
+    d, p = canonical_frame(d_raw, schema), canonical_frame(p_raw, schema)
+    assert not holdout_mask(p.tail(1), fraction=0.2, seed=0)[0]
+    assert np.array_equal(holdout_mask(d, fraction=0.2, seed=0), holdout_mask(p, fraction=0.2, seed=0)[:-1])
+
+
+def test_no_artefact_is_a_deterministic_function_of_a_reformatted_file(reformatted, single_thread):
+    run_d, run_p = _runner(reformatted[:4], "default")
     assert find_deterministic_leaks(run_d, run_p) == []
 
 
@@ -78,7 +113,7 @@ def test_the_bound_has_power_on_a_leaking_artefact_and_none_on_noise():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("config,runs", [("default", 300), ("dp_sgd", 300)])
+@pytest.mark.parametrize("config,runs", [("default", 300), ("dp_sgd", 300), ("support_points", 300), ("tune", 300)])
 def test_empirical_epsilon_from_every_artefact_stays_below_the_claim(files, config, runs, single_thread):
     run_d, run_p = _runner(files, config)
     trials = []
@@ -87,3 +122,13 @@ def test_empirical_epsilon_from_every_artefact_stays_below_the_claim(files, conf
     bounds = epsilon_lower_bounds(trials, delta=DELTA)
     worst = bounds[0]
     assert worst.epsilon_lower_bound <= 1.0, worst  # the claimed ε of both configs
+
+
+@pytest.mark.slow
+def test_empirical_epsilon_on_a_reformatted_file_stays_below_the_claim(reformatted, single_thread):
+    run_d, run_p = _runner(reformatted[:4], "default")
+    trials = []
+    for _ in range(300):
+        trials += [Run(run_p(), with_canary=True), Run(run_d(), with_canary=False)]
+    worst = epsilon_lower_bounds(trials, delta=DELTA)[0]
+    assert worst.epsilon_lower_bound <= 1.0, worst

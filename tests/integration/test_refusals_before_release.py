@@ -114,3 +114,23 @@ def test_a_refusal_after_the_count_says_what_was_spent_and_how_to_go_on(files, t
     ledger = json.loads((tmp_path / "run" / "ledger.json").read_text())
     assert [r["name"] for r in ledger["releases"]] == ["data/num_rows"]
     assert "already spent ε = " in err and "resume=last" in err and "nothing was spent" not in err
+
+
+def test_rows_too_many_for_the_machine_are_refused_on_the_dp_count_saying_what_was_spent(files, tmp_path, capsys,
+                                                                                         monkeypatch):
+    """The encoded rows' size needs the row count: checked on the DP count, before the rows are encoded."""
+    import lightning_dp.resources as resources
+
+    budget = {"calls": 0}
+
+    def memory():  # plenty for the model (checked first, before any release), little for the rows
+        budget["calls"] += 1
+        return 2**40 if budget["calls"] == 1 else 2**20
+
+    monkeypatch.setattr(resources, "available_memory_bytes", memory)
+    code, err = _run(["data=csv", f"data.path={files / 'many.csv'}", f"data.schema={files / 'many.yaml'}",
+                      *ONE_SHOT], tmp_path, capsys)
+    assert code == 2 and "Traceback" not in err
+    assert "Encoding about" in err and "already spent ε = " in err, err
+    ledger = json.loads((tmp_path / "run" / "ledger.json").read_text())
+    assert [r["name"] for r in ledger["releases"]] == ["data/num_rows"]

@@ -134,3 +134,38 @@ def test_settings_are_refused_before_any_release():
     for bad in ({"rounds": 0}, {"selection_fraction": 1.0}, {"steps_per_round": 0}, {"final_steps": -1}):
         with pytest.raises(ConfigError):
             AdaptiveMarginals.check_settings(bad)
+
+
+def test_the_gram_loss_is_the_sum_over_measured_cliques():
+    disc = Discretisation.of(n_continuous=1, block_sizes=[3, 2], num_classes=2, continuous_units=[0.25], bins=8)
+    gen = ProductGenerator(level_sizes=disc.levels, latent_dim=4, hidden=[8])
+    torch.nn.init.normal_(gen.out.weight)  # away from the uniform start
+    module = GEM(gen, n_continuous=1, block_sizes=[3, 2], num_classes=2, continuous_units=[0.25], bins=8,
+                 batch_size=16, degree=2, target_triples=True)
+    module.log = lambda *args, **kwargs: None
+    module.num_rows.fill_(50.0)
+    rng = torch.Generator().manual_seed(0)
+    for clique, sigma in [((0,), 2.0), ((1, 3), 1.0), ((1, 3), 3.0), ((0, 2), 2.0), ((0, 2, 3), 1.5)]:
+        module.add_measurement(clique, torch.rand(mg.clique_size(clique, module.levels), generator=rng) * 20, sigma)
+    torch.manual_seed(3)
+    loss = module.training_step(None, 0)
+    torch.manual_seed(3)
+    probs = module.level_probs(16)
+    expected = sum(0.5 * precision * 50.0**2 * (mg.product_marginal(probs, c) - y / 50.0).square().sum()
+                   for c, y, precision in module.pooled())
+    assert float(loss) == pytest.approx(float(expected), rel=1e-4)
+    answers = module.answers([(1, 3), (0, 2, 3)], draws=64)
+    assert [a.numel() for a in answers] == [6, 20] and float(answers[0].sum()) == pytest.approx(50.0)
+
+
+def test_the_fit_starts_from_the_released_one_way_proportions():
+    disc = Discretisation.of(n_continuous=0, block_sizes=[3], num_classes=2, continuous_units=[], bins=8)
+    module = GEM(ProductGenerator(level_sizes=disc.levels, latent_dim=4, hidden=[8]), n_continuous=0,
+                 block_sizes=[3], num_classes=2, continuous_units=[], bins=8)
+    module.num_rows.fill_(100.0)
+    module.add_measurement((0,), torch.tensor([50.0, 30.0, -5.0]), 1.0)  # a negative noisy count: clipped
+    module.add_measurement((1,), torch.tensor([75.0, 25.0]), 1.0)
+    module.start_from_one_way()
+    first, label = module.level_probs(3)
+    assert torch.allclose(label, torch.tensor([0.75, 0.25]).expand(3, 2), atol=1e-6)
+    assert torch.allclose(first[0], torch.tensor([0.5, 0.3, 0.001]) / 0.801, atol=1e-6)

@@ -118,8 +118,8 @@ def test_a_csv_without_schema_is_refused_with_a_template(tmp_path):
     pd.DataFrame({"age": ["31", "45"], "job": ["a", "b"]}).to_csv(path, index=False)
     with pytest.raises(DataError, match="needs data.schema=PATH") as err:
         load_csv(path=str(path))
-    assert '- {name: "age", type: continuous}' in str(err.value) and '"job"' in str(err.value)
-    assert "31" not in str(err.value)  # nothing from the rows
+    assert '- {name: "age", type: continuous, integer: true}' in str(err.value) and '"job"' in str(err.value)
+    assert "31" not in str(err.value)  # types proposed from the rows for the operator, never a value
 
 
 def test_npz_classes_come_from_config_not_from_the_labels(tmp_path):

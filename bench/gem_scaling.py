@@ -1,0 +1,95 @@
+"""GEM's scaling: the measurement pass (exact 1- and 2-way marginals over streamed rows) and one fitting step.
+
+For each (rows, columns) a fresh subprocess (one thread) draws categorical rows chunk by chunk (8 levels a column,
+each column copying its left neighbour with probability 1/2, so pairs are dependent), counts every 1-way and 2-way
+marginal the way ``AdaptiveMarginals`` does (``privacy.marginals.marginal_counts`` per chunk of 65,536 rows) and
+times one training step of a ``GEM`` module fitted to all of them (batch 1,024). It prints wall time and the
+child's peak resident memory: the pass should be linear in rows, memory flat in rows (rows are never held whole).
+
+    python bench/gem_scaling.py [--rows 10000 100000 1000000] [--columns 15 40 100] [--device cpu]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+CHUNK = 65536
+LEVELS = 8
+
+
+def child(rows: int, columns: int, device: str) -> dict[str, float]:
+    import torch
+
+    from lightning_dp.models.gem import GEM
+    from lightning_dp.nets.marginal_nets import ProductGenerator
+    from lightning_dp.privacy import marginals as mg
+
+    torch.set_num_threads(1)
+    gen = torch.Generator().manual_seed(0)
+    levels = [LEVELS] * columns
+    cliques = [(c,) for c in range(columns)] + mg.workload(columns)[0]
+    totals = [torch.zeros(mg.clique_size(c, levels), dtype=torch.float64) for c in cliques]
+    start = time.perf_counter()
+    for lo in range(0, rows, CHUNK):
+        n = min(CHUNK, rows - lo)
+        codes = torch.randint(LEVELS, (n, columns), generator=gen)
+        copy = torch.rand(n, columns, generator=gen) < 0.5
+        for c in range(1, columns):
+            codes[:, c] = torch.where(copy[:, c], codes[:, c - 1], codes[:, c])
+        for total, counts in zip(totals, mg.marginal_counts(codes.to(device), cliques, levels)):
+            total += counts.cpu()
+    measure = time.perf_counter() - start
+    module = GEM(ProductGenerator(level_sizes=levels), n_continuous=0, block_sizes=levels[:-1], num_classes=LEVELS,
+                 bins=LEVELS).to(device)
+    module.log = lambda *args, **kwargs: None
+    module.num_rows.fill_(float(rows))
+    for clique, total in zip(cliques, totals):
+        module.add_measurement(clique, total, 1.0)
+    opt = torch.optim.Adam(module.generator.parameters(), lr=1e-3)
+    for step in range(6):  # the first builds the targets; time the last five
+        if step == 1:
+            t0 = time.perf_counter()
+        loss = module.training_step(None, step)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    if device != "cpu":
+        torch.cuda.synchronize()
+    fit = (time.perf_counter() - t0) / 5
+    return {"measure_s": measure, "fit_step_s": fit, "cliques": len(cliques),
+            "peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", nargs="+", type=int, default=[10_000, 100_000, 1_000_000])
+    parser.add_argument("--columns", nargs="+", type=int, default=[15, 40, 100])
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--child", nargs=2, type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(child(*args.child, args.device)))
+        return
+    print(f"GEM scaling on {args.device}, one thread; {LEVELS} levels a column; all 1- and 2-way marginals")
+    print("| rows | columns | marginals | measurement pass s | s per 10^6 rows | fit step ms | peak MiB |")
+    print("|---|---|---|---|---|---|---|")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    for columns in args.columns:
+        for rows in args.rows:
+            out = subprocess.run([sys.executable, __file__, "--child", str(rows), str(columns), "--device", args.device],
+                                 capture_output=True, text=True, env=env, check=True)
+            r = json.loads(out.stdout.strip().splitlines()[-1])
+            print(f"| {rows:,} | {columns} | {r['cliques']:,} | {r['measure_s']:.2f} | "
+                  f"{r['measure_s'] / rows * 1e6:.2f} | {1000 * r['fit_step_s']:.1f} | {r['peak_mib']:.0f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
