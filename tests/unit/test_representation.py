@@ -175,3 +175,11 @@ def test_grid_histograms_of_neighbouring_tables_differ_by_at_most_the_stated_sen
         assert np.linalg.norm(base - removed) <= math.sqrt(len(cols)) + 1e-9
         assert np.linalg.norm(base - added) <= math.sqrt(len(cols)) + 1e-9
         assert np.linalg.norm(base - replaced) <= math.sqrt(2 * len(cols)) + 1e-9
+
+
+@pytest.mark.parametrize("rep", ["cells", {"kind": "fancy"}, {"kind": "cells", "minmax_columns": "premium"}])
+def test_a_malformed_saved_representation_is_refused_in_one_line(rep):
+    state = {"kind": "tabular", "schema": claims_schema(spikes=[0], bins=[0, 100, 20000]).to_dict(),
+             "representation": rep}
+    with pytest.raises(DataError):
+        TabularEncoder.from_state_dict(state)
