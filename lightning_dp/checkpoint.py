@@ -175,6 +175,30 @@ class LoadedRun:
     data_state: dict[str, Any]
 
 
+def check_model_size(model_cfg: Any, layout: dict[str, Any], *, where: str, training: bool = True) -> None:
+    """Build the model on PyTorch's ``meta`` device (no storage) and refuse it when its networks cannot be built or
+    would not fit in memory (``hidden: [1e9, 1e9]`` in a checkpoint's config), before anything is allocated.
+
+    Raises:
+        CheckpointError: the networks' sizes cannot be built.
+        ResourceError: the networks need more memory than the machine has.
+    """
+    from lightning_dp.models import build_model
+    from lightning_dp.resources import check_memory, module_bytes
+
+    try:
+        need = module_bytes(lambda: build_model(model_cfg, layout))
+    except UnsafeConfigError:
+        raise
+    except (TypeError, ValueError, RuntimeError, OverflowError) as err:
+        raise CheckpointError(f"{where}: its networks cannot be built from these settings ({type(err).__name__}: "
+                              f"{str(err).splitlines()[0][:200]}). Check the network sizes (e.g. hidden).") from None
+    copies = 4 if training else 1  # weights, gradients and two Adam moments; sampling holds the weights only
+    check_memory(copies * need, what=f"{where}'s networks ({need / 2**20:,.0f} MiB of weights"
+                 + (", with gradients and optimizer state)" if training else ")"),
+                 fix="Use smaller networks (e.g. model.generator.hidden)")
+
+
 def load_run(path: str | os.PathLike) -> LoadedRun:
     """Load a checkpoint, validate its whole record (:func:`validate_record`), then rebuild its model.
 
@@ -190,7 +214,9 @@ def load_run(path: str | os.PathLike) -> LoadedRun:
     ckpt = load_checkpoint(path)
     record = ckpt["lightning_dp"]
     validate_record(record, path=path)
-    model = build_model(record["config"]["model"], data_layout(record["data"]))
+    layout = data_layout(record["data"])
+    check_model_size(record["config"]["model"], layout, where=f"The model in {str(path)!r}", training=False)
+    model = build_model(record["config"]["model"], layout)
     state = ckpt["state_dict"]
     if not isinstance(state, dict):
         raise CheckpointError(f"Checkpoint {str(path)!r} has no weights (state_dict is {type(state).__name__}).")

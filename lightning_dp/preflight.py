@@ -40,10 +40,10 @@ def _number(value: object, name: str, *, low: float, high: float = math.inf, int
 
 
 PRIVACY_KEYS = ("epsilon", "delta", "accountant", "adjacency", "allow_large_delta", "count_budget_fraction",
-                "noise_seed", "require_dp", "dp_sgd")
+                "noise_seed", "require_dp", "dp_sgd", "registry", "dataset_name", "dataset_budget")
 DP_SGD_KEYS = ("max_grad_norm", "noise_multiplier", "mode")
 TOP_KEYS = ("data", "model", "privacy", "trainer", "callbacks", "audit", "experiment", "seed", "output_dir", "resume",
-            "num_samples", "tuned", "weights", "tune")
+            "resume_external", "num_samples", "tuned", "weights", "tune")
 
 
 def _known_keys(section: object, known: tuple[str, ...] | list[str], name: str) -> None:
@@ -89,6 +89,11 @@ def check_config(cfg: DictConfig) -> None:
             raise ConfigError(f"privacy.{key} must be a number, got {cfg.privacy.get(key)!r}.")
     _number(cfg.privacy.epsilon, "privacy.epsilon", low=0, high=1e3, low_open=True)
     _number(cfg.privacy.delta, "privacy.delta", low=0, high=0.5, low_open=True)
+    if cfg.privacy.get("dataset_budget") is not None:
+        _number(cfg.privacy.dataset_budget, "privacy.dataset_budget", low=0, high=1e4, low_open=True)
+    if cfg.privacy.get("dataset_name") is not None and not (
+            isinstance(cfg.privacy.dataset_name, str) and 0 < len(cfg.privacy.dataset_name) <= 200):
+        raise ConfigError(f"privacy.dataset_name must be a name of 1 to 200 characters, got {cfg.privacy.dataset_name!r}.")
     _number(cfg.privacy.get("count_budget_fraction", 0.02), "privacy.count_budget_fraction", low=0, high=0.5,
             low_open=True)
     if cfg.get("num_samples") is not None:

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,7 @@ log = logging.getLogger(__name__)
 # end. Everything else (privacy, data, model, mechanisms, the split) is the saved run's.
 RESUMABLE = ("trainer.max_epochs", "trainer.max_steps", "trainer.enable_progress_bar", "trainer.log_every_n_steps",
              "trainer.enable_model_summary", "trainer.accelerator", "trainer.devices", "trainer.num_nodes",
-             "callbacks", "num_samples", "audit", "data.root", "output_dir", "resume", "seed",
+             "callbacks", "num_samples", "audit", "data.root", "output_dir", "resume", "resume_external", "seed",
              "privacy.noise_seed")  # fixed noise is for tests; it does not change what is accounted
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
@@ -71,10 +72,11 @@ def resume_config(cfg: DictConfig, *, overrides: Sequence[str] | None = None,
     """
     saved_path = Path(cfg.output_dir) / "config.yaml"
     if saved_path.is_file():
-        saved = OmegaConf.create(yaml.safe_load(saved_path.read_text()))
+        saved = OmegaConf.create(read_saved_config(saved_path))
     elif checkpoint is not None and checkpoint.is_file():
         record = load_checkpoint(checkpoint)["lightning_dp"]
         validate_record(record, path=checkpoint)
+        check_literal(record["config"], f"the config in {checkpoint}")
         saved = OmegaConf.create(record["config"])
         saved.output_dir = cfg.output_dir
     elif checkpoint is not None and checkpoint.name != "last.ckpt":
@@ -92,6 +94,47 @@ def resume_config(cfg: DictConfig, *, overrides: Sequence[str] | None = None,
     for key in {k for k in set(mine) | set(theirs) if _allowed(k) and k in mine}:
         OmegaConf.update(saved, key, mine[key], force_add=True)
     return saved
+
+
+def read_saved_config(path: Path) -> dict[str, Any]:
+    """A run's saved ``config.yaml``: plain YAML (no tags), literal values (no ``${...}``, finite numbers).
+
+    Raises:
+        ResumeError: a YAML tag or syntax error, not a mapping, an interpolation or a non-finite number.
+    """
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        first = str(err).strip().splitlines()[0][:160]
+        raise ResumeError(f"{str(path)!r} is not plain YAML ({first}); a run's config is data only, with no tags like "
+                          "!!python/. Restore the config.yaml the run wrote, or start a new run.") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise ResumeError(f"{str(path)!r} cannot be read ({err}). Restore the config.yaml the run wrote.") from None
+    if not isinstance(data, dict):
+        raise ResumeError(f"{str(path)!r} is not a mapping of settings. Restore the config.yaml the run wrote.")
+    check_literal(data, str(path))
+    return data
+
+
+def check_literal(value: Any, where: str, key: str = "") -> None:
+    """Refuse what a run never writes into its saved config: an interpolation (``${...}``, which OmegaConf would
+    resolve: ``${oc.env:HOME}`` reads the environment) or a non-finite number (``lr: .nan``).
+
+    Raises:
+        ResumeError: naming the setting.
+    """
+    if isinstance(value, dict):
+        for k, v in value.items():
+            check_literal(v, where, f"{key}.{k}" if key else str(k))
+    elif isinstance(value, list | tuple):
+        for i, v in enumerate(value):
+            check_literal(v, where, f"{key}[{i}]")
+    elif isinstance(value, str) and "${" in value:
+        raise ResumeError(f"{where}: {key} = {value[:80]!r} is an interpolation; a run's saved config holds resolved "
+                          "values only, so it was edited. Restore it, or start a new run.")
+    elif isinstance(value, float) and not math.isfinite(value):
+        raise ResumeError(f"{where}: {key} = {value} is not a finite number; the run never wrote it, so the config was "
+                          "edited. Restore it, or start a new run.")
 
 
 def _apply(saved: DictConfig, cfg: DictConfig, overrides: Sequence[str]) -> DictConfig:
@@ -122,12 +165,20 @@ class ResumeState:
         data: the data state (count, schema) to reuse, or ``None`` when nothing was released yet.
         checkpoint: the checkpoint to restore the model and loops from, or ``None`` (training had not started).
         where: which record the ledger came from.
+        records: every record of the ledger found (``(where, state)``), for the budget registry's checks.
+        config: the checkpoint's own record of the run's config, or ``None``.
+        weights: the checkpoint's ``state_dict``, or ``None``.
+        epoch: the epoch the checkpoint was saved in, or ``None``.
     """
 
     ledger: dict[str, Any]
     data: dict[str, Any] | None
     checkpoint: Path | None
     where: str
+    records: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    config: dict[str, Any] | None = None
+    weights: dict[str, Any] | None = None
+    epoch: int | None = None
 
 
 def resume_state(output_dir: str | Path, checkpoint: Path | None) -> ResumeState:
@@ -143,7 +194,7 @@ def resume_state(output_dir: str | Path, checkpoint: Path | None) -> ResumeState
     """
     out = Path(output_dir)
     records: list[tuple[str, dict[str, Any]]] = []
-    data, ckpt_path = None, None
+    data, ckpt_path, config, weights, epoch = None, None, None, None, None
     prefit = read_prefit(out)
     if prefit is not None:
         records.append((".prefit.json", prefit["ledger"]))
@@ -157,7 +208,9 @@ def resume_state(output_dir: str | Path, checkpoint: Path | None) -> ResumeState
             raise ResumeError(f"{str(checkpoint)!r} holds two different copies of its ledger: it was changed after it "
                               "was written and cannot be trusted. Resume from another checkpoint or start a new run.")
         records.append((str(checkpoint), record["ledger"]))
-        data, ckpt_path = record["data"], checkpoint
+        check_literal(record["config"], f"the config in {checkpoint}")
+        data, ckpt_path, config = record["data"], checkpoint, record["config"]
+        weights, epoch = ckpt.get("state_dict"), ckpt.get("epoch")
     elif checkpoint is not None and checkpoint.name != "last.ckpt":
         raise CheckpointError(f"Checkpoint {str(checkpoint)!r} does not exist. Pass a run's checkpoint, or resume=last.")
     ledger_json = out / "ledger.json"
@@ -174,4 +227,145 @@ def resume_state(output_dir: str | Path, checkpoint: Path | None) -> ResumeState
         where, ledger = PrivacyLedger.most_advanced(records)
     except ValueError as err:
         raise ResumeError(str(err)) from err
-    return ResumeState(ledger=ledger, data=data, checkpoint=ckpt_path, where=where)
+    return ResumeState(ledger=ledger, data=data, checkpoint=ckpt_path, where=where, records=records, config=config,
+                       weights=weights, epoch=epoch if type(epoch) is int else None)
+
+
+def check_same_run(cfg: DictConfig, state: ResumeState) -> None:
+    """The run's ``config.yaml`` and its checkpoint's own record of the config must agree on everything a resume
+    may not change (privacy, data, model, mechanisms: a clip norm or an ε edited in one of them).
+
+    Raises:
+        ResumeError: naming the settings that differ.
+    """
+    if state.config is None:
+        return
+    mine, theirs = _flatten(OmegaConf.to_container(cfg, resolve=True)), _flatten(state.config)
+    changed = sorted(k for k in set(mine) | set(theirs)
+                     if not _allowed(k) and mine.get(k) != theirs.get(k) and not (mine.get(k) is None is theirs.get(k)))
+    if changed:
+        raise ResumeError(f"{cfg.output_dir}/config.yaml and the checkpoint {state.checkpoint} disagree on "
+                          f"{', '.join(changed[:6])}: one of them was edited. Restore the run's config.yaml, or start a "
+                          "new run.")
+
+
+def check_checkpoint_fits(cfg: DictConfig, state: ResumeState) -> None:
+    """Before anything is read or released: the run's networks fit in memory, the checkpoint's weights fit them
+    (names and shapes, the model built on the ``meta`` device), and the run is asked for at least the epochs it
+    has done.
+
+    Raises:
+        ResumeError: another model's weights, or ``trainer.max_epochs`` below the epochs done.
+        ResourceError, CheckpointError: networks that cannot be built or do not fit in memory.
+    """
+    if state.weights is None or state.data is None:
+        return
+    if not isinstance(state.weights, dict):
+        raise ResumeError(f"{state.checkpoint} holds no weights (state_dict is {type(state.weights).__name__}).")
+    import torch
+
+    from lightning_dp.checkpoint import check_model_size, data_layout
+    from lightning_dp.models import build_model
+
+    layout = data_layout(state.data)
+    check_model_size(cfg.model, layout, where=f"model={cfg.model.name}")
+    with torch.device("meta"):
+        model = build_model(cfg.model, layout)
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    found = {k: tuple(getattr(v, "shape", ())) for k, v in state.weights.items()}
+    missing, unexpected = sorted(set(expected) - set(found)), sorted(set(found) - set(expected))
+    wrong = sorted(k for k in set(expected) & set(found) if expected[k] != found[k])
+    if missing or unexpected or wrong:
+        detail = "; ".join(f"{what}: {', '.join(keys[:3])}{' ...' if len(keys) > 3 else ''}" for what, keys in
+                           (("missing", missing), ("unexpected", unexpected), ("other shapes", wrong)) if keys)
+        raise ResumeError(f"The weights in {state.checkpoint} are not model={cfg.model.name}'s as configured ({detail}): "
+                          "the checkpoint belongs to another model. Resume the run it belongs to.")
+    max_epochs = cfg.trainer.get("max_epochs")
+    if state.epoch is not None and max_epochs is not None and 0 <= max_epochs < state.epoch:
+        raise ResumeError(f"trainer.max_epochs={max_epochs} is below the {state.epoch} epochs the run has done; "
+                          f"resume with trainer.max_epochs={state.epoch} or more.")
+
+
+@dataclass
+class RegistryResume:
+    """How a resumed run continues in the budget registry.
+
+    Attributes:
+        ledger: the ledger state to continue from (the registry's own record of the run, or an external
+            checkpoint's ledger, charged again in full).
+        run_id: the run's id in the registry; ``None`` for an external checkpoint (a new run).
+        dataset_id: the registry's data set of the run; ``None`` for an external checkpoint.
+        external_of: the checkpoint an external run starts from.
+    """
+
+    ledger: dict[str, Any]
+    run_id: str | None
+    dataset_id: int | None
+    external_of: str | None
+
+
+def registry_resume(registry: Any, state: ResumeState, *, external: bool = False) -> RegistryResume:
+    """The spend a resumed run continues from: the budget registry's record of it, never the files alone.
+
+    The run's records (checkpoint, ``.prefit.json``, ``ledger.json``) must name one run id the registry knows,
+    carry the registry's integrity tag, and tell one story with the registry's record. The registry's record is
+    the spend, except where a sealed checkpoint extends it by the block it saved just before a kill: that one is
+    recorded when the run reopens (``Registry.open_run``), so the spend never goes back. With ``external`` (``resume_external=true``), a checkpoint from elsewhere
+    (another registry, an older lightning-dp, an unknown run) starts a new run whose ledger is the checkpoint's,
+    charged to the data set again in full.
+
+    Raises:
+        ResumeError: an unknown run, records that disagree with each other or with the registry, or an edited file.
+    """
+    from lightning_dp.budget.registry import TamperedError
+
+    records = state.records
+    if external:
+        where = str(state.checkpoint) if state.checkpoint is not None else state.where
+        log.warning("resume_external=true: %s starts a new run whose recorded releases (its ledger) are charged to the "
+                    "data set again in full.", where)
+        return RegistryResume(ledger=state.ledger, run_id=None, dataset_id=None, external_of=where)
+    ids = {s.get("run_id") for _, s in records}
+    if len(ids) > 1:
+        raise ResumeError(f"The run's records name different runs ({', '.join(sorted(str(i) for i in ids))}): its files "
+                          "were mixed up or changed. Resume another run, or start a new one.")
+    run_id = ids.pop() if ids else None
+    row = registry.run(run_id) if run_id else None
+    if row is None:
+        what = "carry no run id (written before the budget registry)" if not run_id else f"name run {run_id}, which"
+        raise ResumeError(f"The records of {state.where} {what} {'is not ' if run_id else 'and are not '}in the budget "
+                          f"registry at {registry.display}, so their spend cannot be checked. To continue from them, "
+                          "pass resume_external=true: a new run starts from the checkpoint and its ledger is charged "
+                          "to the data set again in full.")
+    try:
+        for where, record in records:
+            registry.check_seal(record, where)
+        where, _ = PrivacyLedger.most_advanced([*records, ("the budget registry", row.state)])
+    except TamperedError as err:
+        raise ResumeError(str(err)) from None
+    except ValueError as err:
+        raise ResumeError(f"{err} (compared with the budget registry's record of run {run_id}).") from None
+    # a checkpoint one durable block ahead (the run was killed between saving a release's value and recording it):
+    # sealed by this registry and extending its record, so the resumed run records it before anything else
+    best = row.state if where == "the budget registry" else dict(records)[where]
+    waived = {**row.state.get("no_dp_claim", {}), **state.ledger.get("no_dp_claim", {})}
+    return RegistryResume(ledger={**best, "no_dp_claim": waived}, run_id=run_id, dataset_id=row.dataset_id,
+                          external_of=None)
+
+
+def load_ledger(ledger: PrivacyLedger, state: dict[str, Any]) -> None:
+    """Load a resumed run's ledger state; a target, δ, accountant or adjacency that differs from the run's config
+    (a config.yaml edited to another ε) is refused with one line.
+
+    Raises:
+        ResumeError: the saved ledger and the config disagree.
+    """
+    try:
+        ledger.load_state_dict(state)
+    except (ValueError, KeyError, TypeError) as err:
+        raise ResumeError(f"The run's saved ledger does not fit its config ({err}). The run's files were changed; "
+                          "resume cannot continue it. Restore its config.yaml, or start a new run.") from None
+
+
+def _total(state: dict[str, Any]) -> int:
+    return sum(int(r["count"]) for r in state.get("releases", []))

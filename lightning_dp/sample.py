@@ -83,14 +83,11 @@ def sample_weighted(checkpoint: str | Path, num_rows: int | None, out: str | Pat
     Raises:
         ConfigError, BudgetExceededError, CheckpointError, DataError: refused before anything is released.
     """
-    from lightning_dp.checkpoint import AtomicCheckpointIO, data_layout, load_run
-    from lightning_dp.data.datamodule import PrivateDataModule, write_table
-    from lightning_dp.data.dp_count import RowCount
-    from lightning_dp.io import atomic_write_text
-    from lightning_dp.privacy import mechanisms as mech
+    from lightning_dp.budget import RunBudget
+    from lightning_dp.checkpoint import data_layout, load_run
     from lightning_dp.privacy.ledger import PrivacyLedger
-    from lightning_dp.resume import resume_state
-    from lightning_dp.weighting.apply import Weighting, WeightsConfig, weighted_frame
+    from lightning_dp.resume import registry_resume, resume_state
+    from lightning_dp.weighting.apply import Weighting, WeightsConfig
 
     checkpoint = Path(checkpoint)
     run = load_run(checkpoint)
@@ -102,8 +99,23 @@ def sample_weighted(checkpoint: str | Path, num_rows: int | None, out: str | Pat
                           model_name=config["model"].get("name", ""), model_cfg=config["model"],
                           data_kind=run.data_state["kind"])
     run_dir = checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else checkpoint.parent
-    state = resume_state(run_dir, checkpoint)  # the most advanced of the run's ledger records
-    ledger = PrivacyLedger.from_state_dict(state.ledger)
+    with RunBudget.open(config["privacy"], run_dir) as budget:  # the run's folder locked, its spend from the registry
+        cont = registry_resume(budget.registry, resume_state(run_dir, checkpoint))
+        ledger = PrivacyLedger.from_state_dict(cont.ledger)
+        budget.attach(ledger, run_id=cont.run_id, dataset_id=cont.dataset_id)
+        return _sample_weighted(run, checkpoint, run_dir, num_rows, out, weighting, ledger, budget, seed)
+
+
+def _sample_weighted(run: LoadedRun, checkpoint: Path, run_dir: Path, num_rows: int | None, out: Path,
+                     weighting: Any, ledger: Any, budget: Any, seed: int | None) -> tuple[str, dict[str, Any]]:
+    from lightning_dp.checkpoint import AtomicCheckpointIO
+    from lightning_dp.data.datamodule import PrivateDataModule, write_table
+    from lightning_dp.data.dp_count import RowCount
+    from lightning_dp.io import atomic_write_text
+    from lightning_dp.privacy import mechanisms as mech
+    from lightning_dp.weighting.apply import weighted_frame
+
+    config = run.record["config"]
     ledger.unreserve()  # budget reserved at training time is this request's to use
     num_real = RowCount.from_dict(run.data_state["num_rows"]).value
     rows = num_rows if num_rows is not None else weighting.default_rows(num_real=num_real, ledger=ledger)
@@ -114,13 +126,14 @@ def sample_weighted(checkpoint: str | Path, num_rows: int | None, out: str | Pat
     if weighting.estimator.reads_private:
         dm = PrivateDataModule(**config["data"])
         before = list(ledger.releases)
-        dm.prepare(ledger, generator=mech.noise_generator(), state=run.data_state)  # the released count and schema
+        dm.prepare(ledger, generator=mech.noise_generator(), state=run.data_state,  # the released count and schema
+                   identify=budget.identify)  # the run's data set: its claim and lease in the registry
         if ledger.releases != before:  # a saved state always holds them; refuse a second release of the schema
             raise ConfigError(f"{checkpoint} lacks the run's released schema; weights cannot be fitted from it.")
         real = (dm.x, dm.y)
     ckpt = run.checkpoint
 
-    def persist(led: PrivacyLedger) -> None:  # the checkpoint's copy, then ledger.json: both before any noise
+    def persist(led: Any) -> None:  # the checkpoint's copy, then ledger.json: both before any noise
         ckpt["lightning_dp"]["ledger"] = led.state_dict()
         AtomicCheckpointIO().save_checkpoint(ckpt, checkpoint)
         led.save_json(str(run_dir / "ledger.json"))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import re
@@ -12,8 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import pytorch_lightning as pl
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
+from lightning_dp.budget import RunBudget
 from lightning_dp.callbacks.progress_lines import ProgressLines
 from lightning_dp.callbacks.run_record import RunRecord, write_run_files
 from lightning_dp.checkpoint import AtomicCheckpointIO
@@ -36,7 +38,14 @@ from lightning_dp.privacy.coverage import complete_mechanisms
 from lightning_dp.privacy.ledger import BudgetExceededError, PrivacyLedger
 from lightning_dp.privacy.metrics import GuardedCSVLogger, declared_metrics
 from lightning_dp.progress import tracker
-from lightning_dp.resume import resume_config, resume_state
+from lightning_dp.resume import (
+    check_checkpoint_fits,
+    check_same_run,
+    load_ledger,
+    registry_resume,
+    resume_config,
+    resume_state,
+)
 from lightning_dp.run_log import RunLog
 from lightning_dp.synthetic import write_samples
 from lightning_dp.weighting.apply import Weighting, WeightsConfig, weighted_frame
@@ -160,8 +169,9 @@ def train(cfg: DictConfig, *, overrides: Sequence[str] | None = None) -> dict[st
     progress = (cfg.get("callbacks") or {}).get("progress") or {}
     held: dict[str, Any] = {}
     try:
-        with tracker.session(every=progress.get("every_seconds"), enabled=progress.get("enabled")):
-            return _train(cfg, overrides=overrides, run_log=run_log, held=held)
+        with tracker.session(every=progress.get("every_seconds"), enabled=progress.get("enabled")), \
+                contextlib.ExitStack() as stack:  # the budget registry's session and folder lock end with the run
+            return _train(cfg, overrides=overrides, run_log=run_log, held=held, stack=stack)
     except UserError as err:
         say_spent(err, held.get("ledger"), Path(held.get("output_dir", cfg.output_dir)))
         raise
@@ -259,24 +269,39 @@ class _RunFiles:
 
 
 def _train(cfg: DictConfig, *, overrides: Sequence[str] | None, run_log: RunLog,
-           held: dict[str, Any]) -> dict[str, Any]:
+           held: dict[str, Any], stack: contextlib.ExitStack) -> dict[str, Any]:
     resume = _resume_path(cfg)
+    external = bool(cfg.get("resume_external"))
     if resume is not None:
         cfg = resume_config(cfg, overrides=overrides, checkpoint=resume)
         cfg.resume = str(resume)
+    with open_dict(cfg):
+        cfg.resume_external = False  # an explicit act for this invocation, not saved with the run
     out = Path(cfg.output_dir)
     check_run(cfg, out)
     rank = launch_rank()
     ledger = make_ledger(cfg.privacy)
+    # rank 0 keeps the run's records in the budget registry (one budget per data set) and locks the run folder
+    budget = stack.enter_context(RunBudget.open(cfg.privacy, out)) if rank == 0 else None
     held.update(ledger=ledger, output_dir=str(out))  # for the message of a refusal after a release
     tracker.set_epsilon(lambda: f"ε = {ledger.spent:.4g} of {ledger.target_epsilon:g}")
+    if rank > 0:  # under DDP rank 0 alone writes progress lines
+        tracker.enabled = False
     tracker.stage("prepare data (row count and schema releases)")
     data_state, ckpt_path = None, None
     if resume is not None:
         state = resume_state(out, resume)
-        ledger.load_state_dict(state.ledger)
+        check_same_run(cfg, state)
+        check_checkpoint_fits(cfg, state)  # another model's weights, fewer epochs than done: before anything else
+        if budget is not None:  # the spend is the registry's record of the run, never the files alone
+            cont = registry_resume(budget.registry, state, external=external)
+            load_ledger(ledger, cont.ledger)
+            budget.attach(ledger, run_id=cont.run_id, dataset_id=cont.dataset_id, external_of=cont.external_of)
+        else:
+            load_ledger(ledger, state.ledger)
         data_state, ckpt_path = state.data, state.checkpoint
-        log.info("Resuming from %s (ledger from %s): %s", ckpt_path or ".prefit.json", state.where, ledger.summary())
+        log.info("Resuming from %s (ledger from %s): %s", ckpt_path or ".prefit.json",
+                 "the budget registry" if budget is not None and not external else state.where, ledger.summary())
     elif rank > 0:  # another process of a DDP run: rank 0 released the pre-fit facts (lightning_dp/launch.py)
         handoff = wait_for_prefit(out)
         ledger.load_state_dict(handoff["ledger"])
@@ -284,6 +309,8 @@ def _train(cfg: DictConfig, *, overrides: Sequence[str] | None, run_log: RunLog,
     elif any((out / name).exists() for name in ("ledger.json", ".prefit.json", "checkpoints/last.ckpt")):
         raise RunExistsError(f"{str(out)!r} already holds a run. Continue it with resume=last, or choose another "
                               "output_dir=PATH.")
+    elif budget is not None:
+        budget.attach(ledger)
     run_files = _RunFiles(out, OmegaConf.to_yaml(cfg, resolve=True), run_log)
     if rank == 0:  # the run's files appear with its first release: a run refused before it leaves nothing
 
@@ -306,7 +333,8 @@ def _train(cfg: DictConfig, *, overrides: Sequence[str] | None, run_log: RunLog,
                count_budget_fraction=cfg.privacy.get("count_budget_fraction", 0.02),
                check_schema=lambda schema: (check_data(cfg.model, schema), public.update(schema=schema),
                                             check_before_release(cfg, schema, weighting if resume is None else None)),
-               minmax_columns=lambda schema: minmax_columns(cfg.model, schema))
+               minmax_columns=lambda schema: minmax_columns(cfg.model, schema),
+               identify=budget.identify if budget is not None else None)
     ledger.commit = None
     if rank == 0:
         publish_prefit(out, ledger=ledger.state_dict(), data=dm.state_dict(), complete=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -27,6 +28,17 @@ def make_cfg(tmp_path: Path, *overrides: str) -> DictConfig:
     tiny = TINY + (TINY_ONE_SHOT if model in ONE_SHOT else [])
     with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
         return compose("train", overrides=[*tiny, f"output_dir={tmp_path}", *overrides])
+
+
+@pytest.fixture(scope="module", autouse=True)
+def budget_registry(tmp_path_factory) -> Iterator[Path]:
+    """Each test module its own budget registry (a fresh SQLite file), so modules never share a data set's budget,
+    with a large default budget (the tests of budgets set their own); child processes inherit it."""
+    path = tmp_path_factory.mktemp("registry") / "budget.sqlite"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("LIGHTNING_DP_REGISTRY", str(path))
+        mp.setenv("LIGHTNING_DP_DEFAULT_BUDGET", "1000")
+        yield path
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,7 @@ from pytorch_lightning import LightningDataModule
 from torch import Tensor
 from torch.utils.data import DataLoader, TensorDataset
 
-from lightning_dp.data.canonical import canonical_frame, canonical_images
+from lightning_dp.data.canonical import canonical_frame, canonical_images, row_digests
 from lightning_dp.data.dp_cells import DEFAULT_BINS, needs_cells, release_cells
 from lightning_dp.data.dp_count import RELEASE_NAME as COUNT_RELEASE
 from lightning_dp.data.dp_count import RowCount, release_row_count
@@ -97,7 +97,8 @@ class PrivateDataModule(LightningDataModule):
     def prepare(self, ledger: PrivacyLedger, *, generator: torch.Generator, state: dict[str, Any] | None = None,
                 check_rows: Callable[[RowCount], None] | None = None, count_budget_fraction: float = 0.02,
                 private_use: bool = False, check_schema: Callable[[Any], None] | None = None,
-                minmax_columns: Sequence[str] | Callable[[Schema], Sequence[str]] = ()) -> None:
+                minmax_columns: Sequence[str] | Callable[[Schema], Sequence[str]] = (),
+                identify: Callable[[np.ndarray, str], None] | None = None) -> None:
         """Load, split and encode the private data; release (and charge) n and the schema facts that are not public.
 
         Order: everything that can fail on the user's input (files, schema, validation) runs before the
@@ -120,6 +121,9 @@ class PrivateDataModule(LightningDataModule):
             minmax_columns: continuous columns the model needs as one min-max number under ``cells`` (PPEM's
                 sensitive columns), or a function of the public schema giving them; ignored when a ``state``
                 says which they are.
+            identify: called with one canonical digest per row of the whole source (training and test rows, shape
+                (N,)) and the data kind, after the rows are checked and before anything is released: the budget
+                registry's fingerprint of the data set (``lightning_dp/budget``).
         """
         source = self._load()
         if isinstance(source, TabularSource):
@@ -136,10 +140,13 @@ class PrivateDataModule(LightningDataModule):
         if isinstance(source, ImageSource):
             image_rows = canonical_images(source.images, source.labels)  # (N, HW + 1): what each image is
             train, holdout = self._split_images(image_rows)
+            digests = row_digests(image_rows)  # (N,)
         else:
-            train, holdout = self._split_tabular(source)
+            train, holdout, digests = self._split_tabular(source)
         if len(train) == 0:
             raise DataError(f"The {source.name} training data has no rows.")
+        if identify is not None:
+            identify(digests, "image" if isinstance(source, ImageSource) else "tabular")
         if state is not None and "num_rows" in state:
             self.row_count = RowCount.from_dict(state["num_rows"])
         elif private_use:
@@ -166,13 +173,17 @@ class PrivateDataModule(LightningDataModule):
                 self._encode_tabular(source, train, holdout, ledger, generator, state)
         log.info("Data %r: %s; model-space width %d.", self.name, self.row_count.describe(), self.x.shape[1])
 
-    def _split_tabular(self, source: TabularSource) -> tuple[pd.DataFrame, pd.DataFrame]:
+    def _split_tabular(self, source: TabularSource) -> tuple[pd.DataFrame, pd.DataFrame, np.ndarray]:
+        """Training and held-out rows, and one canonical digest per row of the source (training rows first)."""
         train = validate(source.train, source.schema, source=f"the {source.name} training data")
-        if source.test is not None:
-            return train, validate(source.test, source.schema, source=f"the {source.name} test data")
         canonical = canonical_frame(train, source.schema, validated=True)  # not the cells as read (splits.py)
+        digests = row_digests(canonical)  # (n,)
+        if source.test is not None:
+            test = validate(source.test, source.schema, source=f"the {source.name} test data")
+            test_digests = row_digests(canonical_frame(test, source.schema, validated=True))  # (m,)
+            return train, test, np.concatenate([digests, test_digests])
         held = holdout_mask(canonical, fraction=self.holdout_fraction, seed=self.split_seed)
-        return train[~held].reset_index(drop=True), train[held].reset_index(drop=True)
+        return train[~held].reset_index(drop=True), train[held].reset_index(drop=True), digests
 
     def _split_images(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Indices of the training and held-out images; ``rows`` are canonical pixels and label, (N, HW + 1)."""

@@ -262,5 +262,10 @@ class TabularEncoder:
     def from_state_dict(cls, state: dict[str, Any]) -> TabularEncoder:
         """The encoder of a saved data state; a state without ``representation`` (written before cells) is minmax."""
         rep = state.get("representation") or {"kind": "minmax"}
-        return cls(Schema.from_dict(state["schema"]), representation=rep["kind"],
-                   minmax_columns=tuple(rep.get("minmax_columns") or ()))
+        columns = rep.get("minmax_columns") if isinstance(rep, dict) else None
+        if not isinstance(rep, dict) or not isinstance(columns or [], list) or not all(
+                isinstance(c, str) for c in columns or []):
+            raise DataError(f"The saved data state's representation {rep!r} is malformed: expected "
+                            "{kind: cells|minmax, minmax_columns: [names]}. Use a checkpoint written by train.py.")
+        return cls(Schema.from_dict(state["schema"]), representation=str(rep.get("kind")),
+                   minmax_columns=tuple(columns or ()))

@@ -206,10 +206,17 @@ class PrivacyLedger:
         self.no_dp_claim: dict[str, str] = {}
         # budget held for releases planned for later (:meth:`reserve`): counted in every check, not in ``spent``
         self.reserved: list[Release] = []
-        # durability (``durable`` and ``record``): ``persist(ledger)`` writes the ledger itself (ledger.json),
-        # ``commit()`` saves the released values a resumed run needs together with the ledger (a checkpoint)
+        # durability (``durable`` and ``record``), in this order: ``commit()`` saves the released values a resumed
+        # run needs together with the ledger (a checkpoint; ``durable`` blocks only), ``register(ledger)`` records the
+        # new state in the budget registry (lightning_dp/budget/), checked against the run's claim on its data set's
+        # budget, ``persist(ledger)`` writes the ledger itself (ledger.json). A checkpoint may be one block ahead of
+        # the registry after a kill (a resumed run records it then); ledger.json never is.
+        self.register: Callable[[PrivacyLedger], None] | None = None
         self.persist: Callable[[PrivacyLedger], None] | None = None
         self.commit: Callable[[], None] | None = None
+        # the run's id in the budget registry, and the registry's integrity tag of a state (``state_dict`` adds it)
+        self.run_id: str | None = None
+        self.seal: Callable[[dict[str, Any]], str] | None = None
         self._open_blocks = 0
         self._epsilon_cache: dict[tuple, float] = {}  # (prv, releases) -> ε, for these orders and δ
 
@@ -421,7 +428,17 @@ class PrivacyLedger:
                 raise
         return eps
 
-    def _persist(self) -> None:
+    def _persist(self, *, commit: bool = False) -> None:
+        """Make the ledger's state durable: (``commit``) the values, then the registry's record, then the file."""
+        if commit and self.commit is not None:
+            try:
+                self.commit()
+            except OSError as err:
+                raise ReleaseNotSavedError(
+                    f"The released values could not be saved ({err}); nothing was released. Free disk space or fix "
+                    "the output folder's permissions, then resume with resume=last.") from err
+        if self.register is not None:
+            self.register(self)  # refusals (the data set's budget, a lost lease) are UserErrors with their message
         if self.persist is None:
             return
         try:
@@ -437,8 +454,9 @@ class PrivacyLedger:
         """A block of releases that become durable together before anything computed from them leaves.
 
         Inside, ``record`` only checks and records in memory, and log records are held back. At the end,
-        ``commit()`` saves the released values with the ledger (e.g. a checkpoint of the module that now
-        holds a noisy embedding), then ``persist`` writes the ledger, then the held logs are replayed. If
+        ``commit()`` saves the released values with the ledger (e.g. a checkpoint of the module that now holds a
+        noisy embedding), ``register`` records the ledger in the budget registry, then ``persist`` writes the
+        ledger, then the held logs are replayed. If
         anything fails, the block's releases are removed again and its logs dropped: the noisy values
         existed only in memory, so nothing was released, and a later run may draw them again.
 
@@ -456,14 +474,7 @@ class PrivacyLedger:
                 finally:
                     self._open_blocks -= 1
                 if self._open_blocks == 0 and self.releases != snapshot:
-                    try:
-                        if self.commit is not None:
-                            self.commit()
-                    except OSError as err:
-                        raise ReleaseNotSavedError(
-                            f"The released values could not be saved ({err}); nothing was released. Free disk "
-                            "space or fix the output folder's permissions, then resume with resume=last.") from err
-                    self._persist()
+                    self._persist(commit=True)
         except BaseException:
             self.releases, self.reserved = snapshot, reserved
             raise
@@ -518,8 +529,9 @@ class PrivacyLedger:
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
-        """Everything needed to continue composing after a restart."""
-        return {
+        """Everything needed to continue composing after a restart; with the run's registry id and the registry's
+        integrity tag (``integrity``) when the run has them."""
+        state = {
             "target_epsilon": self.target_epsilon,
             "delta": self.delta,
             "accountant": self.accountant,
@@ -529,9 +541,15 @@ class PrivacyLedger:
             "reserved": [asdict(r) for r in self.reserved],
             "no_dp_claim": dict(self.no_dp_claim),
         }
+        if self.run_id is not None:
+            state["run_id"] = self.run_id
+        if self.seal is not None:
+            state["integrity"] = self.seal(state)
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore a saved ledger; its target and δ must match this run's (ε is never reset).
+        """Restore a saved ledger; its target and δ must match this run's (ε is never reset). The saved run id and
+        integrity tag are not taken over: the caller checks them against the budget registry.
 
         Raises:
             ValueError: the saved ledger was for another (ε, δ), accountant or adjacency.
@@ -602,7 +620,9 @@ class PrivacyLedger:
                     "epsilon_cumulative": self.epsilon(so_far),
                 }
             )
+        state = self.state_dict()  # the registry id and the tag, as in every other record
         return {
+            **{k: state[k] for k in ("run_id", "integrity") if k in state},
             "dp_claim": self.dp_claim,
             "no_dp_claim": [{"name": k, "note": v} for k, v in self.no_dp_claim.items()],
             "target_epsilon": self.target_epsilon,
@@ -625,7 +645,8 @@ class PrivacyLedger:
                 "orders": list(d.get("orders", mech.DEFAULT_ORDERS)),
                 "releases": [{k: v for k, v in r.items() if k in fields} for r in d["releases"]],
                 "reserved": [{k: v for k, v in r.items() if k in fields} for r in d.get("reserved") or []],
-                "no_dp_claim": {w["name"]: w["note"] for w in d.get("no_dp_claim") or []}}
+                "no_dp_claim": {w["name"]: w["note"] for w in d.get("no_dp_claim") or []},
+                **{k: d[k] for k in ("run_id", "integrity") if k in d}}
 
     def save_json(self, path: str) -> None:
         """Write :meth:`to_dict` to ``path`` atomically."""

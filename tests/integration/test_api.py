@@ -97,12 +97,15 @@ def test_private_weights_refused_when_the_budget_is_spent(fitted):
     assert synth.ledger.spent == spent  # nothing released
 
 
-def test_audit_of_a_synthesizer_carries_its_ledger(fitted):
+def test_audit_of_a_synthesizer_carries_its_ledger(fitted, tmp_path):
     from audits.api import audit
 
     synth, frame = fitted
     real, holdout = frame.iloc[::2], frame.iloc[1::2]
-    report = audit(synth, real, holdout, policy={"checks": {"membership": {"attacks": ["dcr"], "max_auc": 0.9}}}, num_rows=200)
+    report = audit(synth, real, holdout, policy={"checks": {"membership": {"attacks": ["dcr"], "max_auc": 0.9}}},
+                   num_rows=200, out=tmp_path / "report")
+    assert json.loads((tmp_path / "report" / "report.json").read_text())["status"] == report.verdict
+    assert (tmp_path / "report" / "report.html").is_file()
     assert report.to_dict()["ledger"]["epsilon"] == pytest.approx(synth.ledger.spent)
     assert report.verdict in ("pass", "fail", "inconclusive")
     assert [v["check"] for v in report.verdicts] == ["membership"]

@@ -151,3 +151,28 @@ def test_the_per_row_losses_give_the_gradient_of_mmd2_iw():
     whole = torch.autograd.grad(mmd2_iw(real, fake, w, module.kernel), params)
     for a, b in zip(split, whole):
         assert torch.allclose(a, b, atol=1e-6)
+
+
+def test_mmd_gan_ae_blocks_are_hard_gumbel_samples_that_keep_a_rare_category():
+    """block_output=gumbel: generated one-hot blocks are one-hot in training too, drawn with the generator's
+    probabilities, so a 6% category is not rounded away at sampling (linear: the majority every time)."""
+    from lightning_dp.models.mmd_gan_ae import MMDGANAE
+    from lightning_dp.nets.mmd_nets import AEDiscriminator
+
+    torch.manual_seed(0)
+    layout = {"n_continuous": 2, "block_sizes": [2]}
+    rows = {}
+    for output in ("gumbel", "linear"):
+        gen = ResidualELUGenerator(**layout, width=8, blocks=1)
+        with torch.no_grad():  # a head whose block logits say [0.94, 0.06] for every z
+            gen.head.weight[2:].zero_()
+            gen.head.bias[2:] = torch.tensor([0.0, -2.75])
+        model = MMDGANAE(gen, AEDiscriminator(**layout, hidden=[8], code_dim=4), **layout, standardize="none",
+                         block_output=output)
+        rows[output] = model.generate(4000).detach()
+    block = rows["gumbel"][:, 2:]
+    assert set(block.unique().tolist()) <= {0.0, 1.0} and (block.sum(1) == 1).all()
+    assert block[:, 1].mean() == pytest.approx(0.06, abs=0.015)
+    assert (rows["linear"][:, 2:].argmax(1) == 0).all()
+    with pytest.raises(ConfigError, match="block_output"):
+        MMDGANAE(gen, AEDiscriminator(**layout, hidden=[8], code_dim=4), **layout, block_output="soft")

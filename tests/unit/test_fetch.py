@@ -81,5 +81,5 @@ def test_bad_names_and_unwritable_roots_exit_2(tmp_path, capsys):
 def test_published_digests_match_the_shared_files(name):
     folder = SHARED_DATA / DATASETS[name].folder
     if not folder.is_dir():
-        pytest.skip(f"{folder} absent; fetch it with: python -m lightning_dp.data fetch {name}")
+        pytest.skip(f"{folder} absent; fetch it with: .venv/bin/python -m lightning_dp.data fetch {name}")
     assert set(fetch_mod.verify(name, SHARED_DATA).values()) == {"ok"}

@@ -153,3 +153,33 @@ def test_csv_without_schema_proposes_types_without_bounds(tmp_path):
     assert "type: continuous, integer: true" in age and "missing: true" in age
     assert '{name: "kind", type: categorical}' in text and "shown only to you" in text
     assert "bounds: [" not in text.split("columns:")[-1]  # no private extremes in the proposal
+
+
+def test_grid_histograms_of_neighbouring_tables_differ_by_at_most_the_stated_sensitivity():
+    """dp_cells' sensitivity: one row more (or less) moves one count per column by one, so the concatenated
+    histogram moves by √K in L2; replacing a row moves two counts per column: √(2K)."""
+    schema = claims_schema()
+    df = validate(claims_like(2000, seed=3), schema)
+    cols = needs_cells(schema)
+    grids = [fine_grid(c) for c in cols]
+
+    def hist(frame: pd.DataFrame) -> np.ndarray:
+        return np.concatenate([g.counts(frame[c.name].to_numpy(dtype=float)) for c, g in zip(cols, grids)])
+
+    base = hist(df)
+    extreme = pd.DataFrame({"premium": [20000.0], "vehicle_age": [30.0], "kind": ["vehicle"]})
+    for i in (0, 7, 1999):
+        removed = hist(df.drop(index=i))
+        added = hist(pd.concat([df, extreme], ignore_index=True))
+        replaced = hist(pd.concat([df.drop(index=i), extreme], ignore_index=True))
+        assert np.linalg.norm(base - removed) <= math.sqrt(len(cols)) + 1e-9
+        assert np.linalg.norm(base - added) <= math.sqrt(len(cols)) + 1e-9
+        assert np.linalg.norm(base - replaced) <= math.sqrt(2 * len(cols)) + 1e-9
+
+
+@pytest.mark.parametrize("rep", ["cells", {"kind": "fancy"}, {"kind": "cells", "minmax_columns": "premium"}])
+def test_a_malformed_saved_representation_is_refused_in_one_line(rep):
+    state = {"kind": "tabular", "schema": claims_schema(spikes=[0], bins=[0, 100, 20000]).to_dict(),
+             "representation": rep}
+    with pytest.raises(DataError):
+        TabularEncoder.from_state_dict(state)

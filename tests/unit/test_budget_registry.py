@@ -1,0 +1,204 @@
+"""The budget registry on SQLite and on a real PostgreSQL server: claims, records, leases, tags, and races."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+
+import numpy as np
+import pytest
+from sqlalchemy import text
+
+from lightning_dp.budget.registry import (
+    DatasetBudgetError,
+    Registry,
+    RegistryError,
+    RunBusyError,
+    TamperedError,
+)
+from lightning_dp.privacy.ledger import BudgetExceededError, PrivacyLedger, Release
+from tests.budget_helpers import BACKENDS, registry_url
+
+
+@pytest.fixture(params=BACKENDS)
+def url(request, tmp_path):
+    with registry_url(request.param, tmp_path) as u:
+        yield u
+
+
+def _ledger(target: float = 1.0) -> PrivacyLedger:
+    return PrivacyLedger(target_epsilon=target, delta=1e-5)
+
+
+def _spend(ledger: PrivacyLedger, sigma: float, name: str = "count") -> None:
+    ledger.record(Release(name=name, mechanism="gaussian", sensitivity=1.0, noise_multiplier=sigma))
+
+
+ROWS = np.arange(100, dtype=np.uint64)
+
+
+def test_rows_in_any_order_are_one_data_set_and_a_name_joins_versions(url):
+    reg = Registry(url)
+    fp = reg.fingerprint(ROWS, kind="tabular")
+    assert fp == reg.fingerprint(ROWS[::-1], kind="tabular")
+    assert fp != reg.fingerprint(ROWS[1:], kind="tabular")
+    assert fp != reg.fingerprint(ROWS, kind="image")
+    first = reg.dataset_for(fp, name="clinic", budget=3.0)
+    assert (first.name, first.budget_epsilon) == ("clinic", 3.0)
+    assert reg.dataset_for(fp) == first  # known rows: the name and budget are the registry's
+    v2 = reg.dataset_for(reg.fingerprint(ROWS[1:], kind="tabular"), name="clinic")
+    assert v2 == first and reg.versions(first) == 2
+    with pytest.raises(RegistryError, match="registered in the budget registry as data set 'clinic'"):
+        reg.dataset_for(fp, name="other")
+    with pytest.raises(RegistryError, match="python -m lightning_dp.budget set clinic 5"):
+        reg.dataset_for(fp, budget=5.0)
+
+
+def test_the_fingerprint_is_keyed(url, tmp_path, monkeypatch):
+    a = Registry(url).fingerprint(ROWS, kind="tabular")
+    monkeypatch.setenv("LIGHTNING_DP_REGISTRY_KEY", "a key of my own")
+    b = Registry(str(tmp_path / "other.sqlite")).fingerprint(ROWS, kind="tabular")
+    assert a != b  # without the key, a fingerprint tells nothing about the rows
+
+
+def test_claims_refuse_a_run_that_does_not_fit_and_an_ended_run_is_charged_its_spend(url, tmp_path):
+    reg = Registry(url)
+    ds = reg.dataset_for(reg.fingerprint(ROWS, kind="tabular"), budget=1.5)
+    a = _ledger(1.0)
+    lease_a = reg.open_run(run_id="a", dataset=ds, ledger=a, output_dir=tmp_path / "a")
+    a.register = lambda led: reg.record(lease_a, led)
+    _spend(a, 8.0)  # ε ≈ 0.5 of a's claim of 1
+    with pytest.raises(DatasetBudgetError, match=r"other runs hold ε = 1\b.*ε = 0.5 left"):
+        reg.open_run(run_id="b", dataset=ds, ledger=_ledger(1.0), output_dir=tmp_path / "b")
+    reg.close_run(lease_a)
+    row = reg.run("a")
+    assert not row.active and row.charge == pytest.approx(a.spent) and 0.3 < a.spent < 0.6
+    assert reg.run("b") is None  # the refused run left nothing
+    reg.open_run(run_id="b", dataset=ds, ledger=_ledger(1.5 - a.spent - 1e-6), output_dir=tmp_path / "b")
+
+
+def test_a_record_must_extend_the_last_and_stay_within_a_lowered_budget(url, tmp_path):
+    reg = Registry(url)
+    ds = reg.dataset_for(reg.fingerprint(ROWS, kind="tabular"), name="d", budget=2.0)
+    led = _ledger(1.0)
+    lease = reg.open_run(run_id="r", dataset=ds, ledger=led, output_dir=tmp_path)
+    led.register = lambda x: reg.record(lease, x)
+    _spend(led, 10.0)
+    _spend(led, 10.0)
+    assert reg.run("r").state["releases"][0]["count"] == 2 and reg.run("r").seq == 3
+    with pytest.raises(RegistryError, match="fewer releases"):
+        reg.record(lease, _ledger(1.0))
+    reg.set_budget("d", 0.5, reason="the owner lowers it")
+    with pytest.raises(DatasetBudgetError, match="above its budget"):
+        _spend(led, 10.0)
+    assert led.releases[0].count == 2 and reg.run("r").state["releases"][0]["count"] == 2  # nothing recorded
+    with pytest.raises(RegistryError, match="raise only increases"):
+        reg.set_budget("d", 0.4, reason="x", only_raise=True)
+    actions = [e["action"] for e in reg.events(ds)]
+    assert actions == ["create_dataset", "start_run", "set_budget"]
+
+
+def test_one_process_per_run_and_a_dead_holder_is_taken_over(url, tmp_path):
+    reg = Registry(url)
+    ds = reg.dataset_for(reg.fingerprint(ROWS, kind="tabular"), budget=5.0)
+    first = reg.open_run(run_id="r", dataset=ds, ledger=_ledger(), output_dir=tmp_path / "x")
+    with pytest.raises(RunBusyError, match="one process at a time"):
+        reg.open_run(run_id="r", dataset=ds, ledger=_ledger(), output_dir=tmp_path / "y")
+    with pytest.raises(RunBusyError, match="is writing to"):
+        reg.open_run(run_id="other", dataset=ds, ledger=_ledger(), output_dir=tmp_path / "x")
+    with reg.engine.begin() as conn:  # the holder died (a pid that is not running on this host)
+        conn.execute(text("UPDATE ldp_runs SET pid = 2147483000 WHERE run_id = 'r'"))
+    second = reg.open_run(run_id="r", dataset=ds, ledger=_ledger(), output_dir=tmp_path / "x")
+    with pytest.raises(RunBusyError, match="taken over"):
+        reg.record(first, _ledger())
+    assert reg.heartbeat(second) and not reg.heartbeat(first)
+
+
+def test_edited_rows_and_files_are_detected(url, tmp_path):
+    reg = Registry(url)
+    ds = reg.dataset_for(reg.fingerprint(ROWS, kind="tabular"), name="d", budget=2.0)
+    led = _ledger()
+    led.run_id, led.seal = "r", reg.seal
+    lease = reg.open_run(run_id="r", dataset=ds, ledger=led, output_dir=tmp_path)
+    led.register = lambda x: reg.record(lease, x)
+    _spend(led, 10.0)
+    state = led.state_dict()
+    reg.check_seal(state, "the checkpoint")
+    led.save_json(str(tmp_path / "ledger.json"))  # ledger.json's view carries the same tag
+    reg.check_seal(PrivacyLedger.state_from_json(json.loads((tmp_path / "ledger.json").read_text())), "ledger.json")
+    emptied = {**state, "releases": []}
+    with pytest.raises(TamperedError, match="does not match its integrity tag"):
+        reg.check_seal(emptied, "the checkpoint")
+    with reg.engine.begin() as conn:
+        conn.execute(text("UPDATE ldp_runs SET state = :s WHERE run_id = 'r'"), {"s": json.dumps(emptied)})
+        conn.execute(text("UPDATE ldp_datasets SET budget_epsilon = 100 WHERE name = 'd'"))
+    with pytest.raises(TamperedError, match="run r was changed outside lightning-dp"):
+        reg.run("r")
+    with pytest.raises(TamperedError, match="data set 'd' was changed outside lightning-dp"):
+        reg.dataset("d")
+
+
+def test_a_key_from_the_environment_must_be_the_registrys(url, monkeypatch):
+    Registry(url)
+    monkeypatch.setenv("LIGHTNING_DP_REGISTRY_KEY", "guess")
+    with pytest.raises(RegistryError, match="keeps its own key"):
+        Registry(url)
+
+
+def test_a_password_is_refused_in_the_saved_setting_and_an_unknown_database_is_named():
+    from lightning_dp.budget.registry import resolve_url
+
+    with pytest.raises(RegistryError, match="PGPASSWORD"):
+        resolve_url("postgresql://u:secret@db/x")
+    assert resolve_url("postgresql://u:secret@db/x", saved=False).startswith("postgresql+psycopg://u:secret@")
+    with pytest.raises(RegistryError, match="unknown database 'mysql'"):
+        resolve_url("mysql://db/x")
+
+
+def test_an_unreachable_server_is_one_line_after_the_timeout():
+    import time
+
+    start = time.monotonic()
+    with pytest.raises(RegistryError, match="failed to open .*Nothing was released"):
+        Registry("postgresql://nobody@127.0.0.1:1/none", connect_timeout_s=2)
+    assert time.monotonic() - start < 10
+
+
+def _race(url: str, run_id: str, start, results) -> None:
+    reg = Registry(url)
+    ds = reg.dataset_for(reg.fingerprint(ROWS, kind="tabular"))
+    led = _ledger(1.0)
+    start.wait()
+    try:
+        lease = reg.open_run(run_id=run_id, dataset=ds, ledger=led, output_dir=f"/tmp/race/{run_id}")
+    except DatasetBudgetError:
+        results.put((run_id, 0.0))
+        return
+    led.register = lambda x: reg.record(lease, x)
+    while True:  # releases until the run's own target stops it, each recorded under the data set's lock
+        try:
+            _spend(led, 12.0)
+        except BudgetExceededError as err:
+            assert not isinstance(err, DatasetBudgetError)
+            break
+    reg.close_run(lease)
+    results.put((run_id, led.spent))
+
+
+@pytest.mark.parametrize("n", [8])
+def test_processes_racing_for_the_last_of_a_budget_stay_within_it(url, n):
+    reg = Registry(url)
+    ds = reg.dataset_for(reg.fingerprint(ROWS, kind="tabular"), budget=2.5)
+    ctx = mp.get_context("fork")
+    start, results = ctx.Barrier(n), ctx.Queue()
+    procs = [ctx.Process(target=_race, args=(url, f"run{i}", start, results)) for i in range(n)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+    spent = dict(results.get(timeout=5) for _ in range(n))
+    assert all(p.exitcode == 0 for p in procs)
+    assert sum(1 for v in spent.values() if v > 0) == 2  # runs of ε ≈ 1 each in 2.5: exactly two proceed
+    runs = reg.runs(ds)
+    assert len(runs) == 2 and sum(r.charge for r in runs) <= 2.5
+    assert sum(r.epsilon_spent for r in runs) == pytest.approx(sum(spent.values()))
