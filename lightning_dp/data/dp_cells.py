@@ -28,7 +28,7 @@ post-processing:
 When the released (or public) row count is too small for the noise (``num_rows < 4·σ√K·√GRID``, a public
 function of the count, σ and the grid), nothing is released: a column that declares neither spikes nor bins stays
 one min-max number (nothing is known of its shape), one that declares some of them gets ``spikes: []`` or
-``min(bins, 10)`` equal-width bins over its bounds for the rest.
+equal-width bins over its bounds (its ``bins: K``, else ``min(bins, 10)``) for the rest.
 """
 
 from __future__ import annotations
@@ -185,7 +185,8 @@ def release_cells(df: pd.DataFrame, schema: Schema, ledger: PrivacyLedger, *, ep
             if c.spikes is None and c.bins is None:
                 minmax.append(c.name)
                 continue
-            edges = c.bins if isinstance(c.bins, list) else uniform_edges(*c.bounds, fallback, integer=c.integer)
+            k = c.bins if isinstance(c.bins, int) else fallback
+            edges = c.bins if isinstance(c.bins, list) else uniform_edges(*c.bounds, k, integer=c.integer)
             columns[c.name] = replace(c, spikes=[] if c.spikes is None else c.spikes, bins=edges)
         log.warning("Columns %s: about %.0f rows are too few for DP spikes and quantile bins at ε=%.3g (nothing "
                     "released); columns that declare neither stay min-max scaled, the others get equal-width bins. "
