@@ -86,7 +86,10 @@ def _tiny_data(folder):
 
 
 @pytest.mark.parametrize("epsilon,caught", [(1000.0, True), (1.0, False)])
-def test_one_run_catches_the_pipeline_without_noise(tmp_path, capsys, epsilon, caught):
+def test_one_run_catches_the_pipeline_without_noise(tmp_path, capsys, monkeypatch, epsilon, caught):
+    # the same canaries and bits make the same training file: each case its own budget registry (ε = 1000 spends
+    # the module registry's whole default budget for that data set)
+    monkeypatch.setenv("LIGHTNING_DP_REGISTRY", str(tmp_path / "budget.sqlite"))
     overrides = _tiny_data(tmp_path)
     out = tmp_path / "audit"
     code = main(
