@@ -71,7 +71,10 @@ def _stopped(cfg: DictConfig, how: str, code: int) -> None:
     """The truth about an interrupted run, and its exit code (130 Ctrl-C, 143 SIGTERM)."""
     from lightning_dp.errors import python_command
 
-    if cfg.get("tune"):
+    out = Path(str(cfg.output_dir))
+    if not any((out / name).exists() for name in ("ledger.json", ".prefit.json", "checkpoints/last.ckpt")):
+        print(f"stopped by {how} before the first release: nothing was spent or saved.", file=sys.stderr)
+    elif cfg.get("tune"):
         print(f"stopped by {how}. A tuning run cannot be resumed (its candidates are deleted); {cfg.output_dir}/"
               "ledger.json holds the whole selection's ε, already spent. Start a new run with another output_dir=PATH.",
               file=sys.stderr)

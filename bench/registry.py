@@ -76,7 +76,7 @@ def with_registry(url: str, folder: Path) -> Callable[[int], list[float]]:
 
 def _row(name: str, times: list[float], base: float | None) -> str:
     ms = np.array(times) * 1e3
-    extra = "" if base is None else f" | {statistics.median(times) * 1e3 - base:+.2f}"
+    extra = "" if base is None else f" | {(statistics.median(times) - base) * 1e3:+.2f}"
     return (f"| {name} | {np.median(ms):.2f} | {np.percentile(ms, 95):.2f} | {ms.mean():.2f}"
             f"{extra if base is not None else ' | —'} |")
 

@@ -82,11 +82,19 @@ def _entry():
 def test_interrupted_tuning_run_says_it_cannot_be_resumed(tmp_path, capsys):
     entry = _entry()
     cfg = OmegaConf.create({"tune": {"eta": 1}, "output_dir": str(tmp_path)})
+    (tmp_path / "ledger.json").write_text("{}")  # the selection's release is on disk
     with pytest.raises(SystemExit) as stop:
         entry._stopped(cfg, "Ctrl-C", entry.EXIT_SIGINT)
     err = capsys.readouterr().err
     assert stop.value.code == 130
     assert "cannot be resumed" in err and "resume=last" not in err and "candidate" in err
+
+
+def test_interrupted_before_the_first_release_says_nothing_was_spent(tmp_path, capsys):
+    entry = _entry()
+    with pytest.raises(SystemExit) as stop:
+        entry._stopped(OmegaConf.create({"output_dir": str(tmp_path)}), "Ctrl-C", entry.EXIT_SIGINT)
+    assert stop.value.code == 130 and "nothing was spent" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("argv", [["seed=abc"], ["privacy.noise_seed=x"], ["model=ppem", "model.sensitive=age"]])

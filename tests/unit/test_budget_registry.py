@@ -202,3 +202,35 @@ def test_processes_racing_for_the_last_of_a_budget_stay_within_it(url, n):
     runs = reg.runs(ds)
     assert len(runs) == 2 and sum(r.charge for r in runs) <= 2.5
     assert sum(r.epsilon_spent for r in runs) == pytest.approx(sum(spent.values()))
+
+
+def test_the_command_line_shows_exports_and_logs_budget_changes(url, tmp_path, capsys):
+    import csv
+    import io
+
+    from lightning_dp.budget.__main__ import main
+
+    reg = Registry(url)
+    ds = reg.dataset_for(reg.fingerprint(ROWS, kind="tabular"), name="clinic", budget=2.0)
+    led = _ledger(1.0)
+    lease = reg.open_run(run_id="r1", dataset=ds, ledger=led, output_dir=tmp_path)
+    led.register = lambda x: reg.record(lease, x)
+    _spend(led, 10.0)
+    reg.close_run(lease)
+    assert main(["--registry", url, "show", "clinic"]) == 0
+    shown = capsys.readouterr().out
+    assert "budget ε = 2" in shown and "run r1  ended" in shown and "count" in shown
+    assert main(["--registry", url, "export", "clinic", "--format", "csv"]) == 0
+    (row,) = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
+    assert (row["run_id"], row["release"], row["count"]) == ("r1", "count", "1")
+    assert float(row["epsilon_alone"]) == pytest.approx(led.spent)
+    assert main(["--registry", url, "raise", "clinic", "1", "--reason", "x"]) == 2
+    assert "raise only increases" in capsys.readouterr().err
+    assert main(["--registry", url, "raise", "clinic", "3", "--reason", "owner approved"]) == 0
+    capsys.readouterr()
+    assert main(["--registry", url, "export", "--format", "json"]) == 0
+    exported = json.loads(capsys.readouterr().out)
+    assert exported["datasets"][0]["budget_epsilon"] == 3.0
+    events = reg.events(reg.dataset("clinic"))
+    assert events[-1]["action"] == "raise_budget" and events[-1]["reason"] == "owner approved"
+    assert events[-1]["before"] == 2.0 and events[-1]["after"] == 3.0
