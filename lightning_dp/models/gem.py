@@ -114,6 +114,7 @@ class GEM(GeneratorModule):
     """
 
     tabular_only = True
+    variable_buffers = GROWING  # their shapes follow the releases: resume does not compare them with a fresh module
     public_metrics = {
         "train/fit_loss": "generated marginals against the released measurements (post-processing)",
         "train/rounds": "rounds of released selections and measurements so far (a function of the releases)",

@@ -70,6 +70,7 @@ class PerturbedHistogram(GeneratorModule):
     """
 
     tabular_only = True
+    variable_buffers = ("counts",)  # sized by the release: resume does not compare it with a fresh module
     public_metrics: dict[str, str] = {}
 
     def __init__(
