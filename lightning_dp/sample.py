@@ -184,9 +184,12 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         if args.weights is None:
+            from lightning_dp.checkpoint import load_run
+
             with plain_console(), tracker.session():
+                run = load_run(args.checkpoint)  # an untrusted checkpoint is refused before any progress line
                 tracker.stage("sample", total=args.num_rows, unit="rows")
-                path = sample_checkpoint(args.checkpoint, args.num_rows, args.out, seed=args.seed)
+                path = sample_run(run, args.num_rows, args.out, seed=args.seed)
             print(f"wrote {args.num_rows} rows to {path}")
             return 0
         weights = {"estimator": args.weights, "epsilon": args.weights_epsilon, "temper": args.temper,
