@@ -49,8 +49,9 @@ class TimedOut(RuntimeError):
     """A system ran past ``--timeout``: recorded as not finished."""
 
 
-def run_child(cmd: list[str], *, log: Path, timeout: float | None = None) -> tuple[float, float]:
-    """Run ``cmd`` (one thread), return (wall seconds, peak RSS in MiB); raise with the log's tail on failure,
+def run_child(cmd: list[str], *, log: Path, timeout: float | None = None) -> tuple[float, float, float]:
+    """Run ``cmd`` (one thread), return (wall seconds, peak RSS in MiB, CPU seconds: user + system, the figure
+    that a busy shared machine changes least); raise with the log's tail on failure,
     :class:`TimedOut` (after killing it) past ``timeout`` seconds."""
     env = {**os.environ, **ONE_THREAD, "PYTHONPATH": str(ROOT)}
     start = time.perf_counter()
@@ -68,7 +69,7 @@ def run_child(cmd: list[str], *, log: Path, timeout: float | None = None) -> tup
     wall = time.perf_counter() - start
     if os.waitstatus_to_exitcode(status) != 0:
         raise RuntimeError(f"{' '.join(cmd[:4])} ... failed; see {log}:\n" + "".join(log.read_text().splitlines(True)[-15:]))
-    return wall, usage.ru_maxrss / 1024
+    return wall, usage.ru_maxrss / 1024, usage.ru_utime + usage.ru_stime
 
 
 def peers_python() -> Path:
@@ -136,23 +137,23 @@ def score(synth: pd.DataFrame, test: pd.DataFrame, schema: Any, seed: int) -> di
 
 
 def run_system(system: str, seed: int, args: argparse.Namespace, overrides: list[str], peer_files: tuple[Path, Path],
-               folder: Path) -> tuple[pd.DataFrame, float, float]:
+               folder: Path) -> tuple[pd.DataFrame, float, float, float]:
     out = folder / f"{system}_{seed}"
     out.mkdir(parents=True, exist_ok=True)
     if system == "gem":
         cmd = [sys.executable, "train.py", *overrides, f"seed={seed}", f"output_dir={out / 'run'}",
                f"num_samples={args.num_rows}", f"privacy.epsilon={args.epsilon}", f"privacy.delta={args.delta}",
                "trainer.enable_progress_bar=false", *args.set]
-        wall, rss = run_child(cmd, log=out / "log.txt", timeout=args.timeout)
-        return pd.read_csv(out / "run" / "synthetic.csv"), wall, rss
+        wall, rss, cpu = run_child(cmd, log=out / "log.txt", timeout=args.timeout)
+        return pd.read_csv(out / "run" / "synthetic.csv"), wall, rss, cpu
     train_csv, domain = peer_files
     cmd = [str(peers_python()), "bench/peers_worker.py", "--model", system, "--train", str(train_csv), "--domain",
            str(domain), "--epsilon", str(args.epsilon), "--delta", str(args.delta), "--num-rows", str(args.num_rows),
            "--seed", str(seed), "--bins", str(args.peer_bins), "--out", str(out / "synthetic.csv")]
     if system == "aim" and args.aim_rounds:
         cmd += ["--rounds", str(args.aim_rounds)]
-    wall, rss = run_child(cmd, log=out / "log.txt", timeout=args.timeout)
-    return pd.read_csv(out / "synthetic.csv"), wall, rss
+    wall, rss, cpu = run_child(cmd, log=out / "log.txt", timeout=args.timeout)
+    return pd.read_csv(out / "synthetic.csv"), wall, rss, cpu
 
 
 def fmt(values: list[float], digits: int = 3) -> str:
@@ -182,17 +183,19 @@ def print_table(records: list[dict[str, Any]], real: dict[str, float] | None) ->
     for r in records:
         if "timeout" in r:
             continue
-        for k in ("roc_hard", "roc_score", "tv2", "wall", "rss"):
-            rows.setdefault(r["label"], {}).setdefault(k, []).append(r[k])
-    print("\n| system | seeds | ROC hard | ROC score | 2-way TV | wall s | peak MiB |\n|---|---|---|---|---|---|---|")
+        for k in ("roc_hard", "roc_score", "tv2", "wall", "cpu", "rss"):
+            if k in r:  # CPU time: records from before it was recorded lack it
+                rows.setdefault(r["label"], {}).setdefault(k, []).append(r[k])
+    print("\n| system | seeds | ROC hard | ROC score | 2-way TV | wall s | CPU s | peak MiB |\n"
+          "|---|---|---|---|---|---|---|---|")
     if real:
-        print(f"| real training rows | | {real['roc_hard']:.3f} | {real['roc_score']:.3f} | {real['tv2']:.3f} | | |")
+        print(f"| real training rows | | {real['roc_hard']:.3f} | {real['roc_score']:.3f} | {real['tv2']:.3f} | | | |")
     for label, v in rows.items():
         print(f"| {label} | {len(v['wall'])} | {fmt(v['roc_hard'])} | {fmt(v['roc_score'])} | {fmt(v['tv2'])} | "
-              f"{fmt(v['wall'], 0)} | {fmt(v['rss'], 0)} |")
+              f"{fmt(v['wall'], 0)} | {fmt(v['cpu'], 0) if 'cpu' in v else '–'} | {fmt(v['rss'], 0)} |")
     for label, timeout in unfinished.items():
         if label not in rows:
-            print(f"| {label} | | did not finish in {timeout:.0f} s | | | > {timeout:.0f} | |")
+            print(f"| {label} | | did not finish in {timeout:.0f} s | | | > {timeout:.0f} | | |")
 
 
 def merge(paths: list[str]) -> None:
@@ -257,7 +260,7 @@ def main() -> None:
             for seed in args.seeds if system == "gem" or args.peer_seeds is None else args.peer_seeds:
                 state = machine_state()
                 try:
-                    synth, wall, rss = run_system(system, seed, args, overrides, peer_files, folder)
+                    synth, wall, rss, cpu = run_system(system, seed, args, overrides, peer_files, folder)
                 except TimedOut as err:
                     print(f"  {system} seed {seed}: {err}", flush=True)
                     if results:
@@ -266,12 +269,12 @@ def main() -> None:
                     continue
                 s = score(synth, test, schema, seed)
                 record = {"system": system, "label": label[system], "seed": seed, "split": split, **s, "wall": wall,
-                          "rss": rss, "overrides": args.set if system == "gem" else [], "machine": state}
+                          "cpu": cpu, "rss": rss, "overrides": args.set if system == "gem" else [], "machine": state}
                 records.append(record)
                 if results:
                     append_result(results, record)
                 print(f"  {system} seed {seed}: ROC hard {s['roc_hard']:.3f}, score {s['roc_score']:.3f}, 2-way TV "
-                      f"{s['tv2']:.3f}; {wall:.0f} s, peak {rss:.0f} MiB", flush=True)
+                      f"{s['tv2']:.3f}; {wall:.0f} s wall, {cpu:.0f} s CPU, peak {rss:.0f} MiB", flush=True)
         print_table(records, real)
 
 

@@ -161,19 +161,31 @@ class AdaptiveMarginals(Callback):
 
     # ---------------------------------------------------------------- the private pass
     def _exact_marginals(self, trainer: Trainer, module: Any) -> dict[mg.Clique, Tensor]:
-        """Exact counts of every 1-way and workload marginal (private; kept in this object only)."""
-        cliques = [(c,) for c in range(len(module.levels))] + list(module.cliques)
-        totals = [torch.zeros(mg.clique_size(c, module.levels), dtype=torch.float64) for c in cliques]
+        """Exact counts of every 1-way and workload marginal (private; kept in this object only).
+
+        The 1- and 2-way ones come from one Gram matrix of the one-hot rows per chunk (``pair_counts``), larger
+        cliques from a ``bincount`` each; the rows are streamed, never held whole."""
+        levels = module.levels
+        big = [c for c in module.cliques if len(c) > 2]
+        size = sum(levels)
+        gram = torch.zeros(size, size, dtype=torch.float64, device=module.device)
+        totals = [torch.zeros(mg.clique_size(c, levels), dtype=torch.float64, device=module.device) for c in big]
         rank, world = trainer.global_rank, trainer.world_size
         for x, y in self.datamodule.private_batches(chunk_size=self.chunk_size, rank=rank, world_size=world):
-            codes = module.discretise(x, y).cpu()
-            for total, counts in zip(totals, mg.marginal_counts(codes, cliques, module.levels)):
+            codes = module.discretise(x.to(module.device), y.to(module.device))
+            gram += mg.pair_counts(codes, levels)
+            for total, counts in zip(totals, mg.marginal_counts(codes, big, levels)):
                 total += counts
         if world > 1 and dist.is_available() and dist.is_initialized():
-            flat = torch.cat(totals).to(module.device)
+            flat = torch.cat([gram.flatten(), *totals])
             dist.all_reduce(flat, op=dist.ReduceOp.SUM)
-            totals = list(torch.split(flat.cpu(), [len(t) for t in totals]))
-        return dict(zip(cliques, totals))
+            gram = flat[: size * size].view(size, size)
+            totals = list(torch.split(flat[size * size :], [len(t) for t in totals]))
+        gram = gram.cpu()
+        exact = {c: mg.clique_from_pairs(gram, c, levels) for c in [(c,) for c in range(len(levels))]}
+        exact.update({c: mg.clique_from_pairs(gram, c, levels) for c in module.cliques if len(c) == 2})
+        exact.update({c: t.cpu() for c, t in zip(big, totals)})
+        return exact
 
     # ---------------------------------------------------------------- releases
     def _release_one_way(self, trainer: Trainer, module: Any) -> None:

@@ -32,6 +32,7 @@ from lightning_dp.models.base import GeneratorModule
 from lightning_dp.privacy.marginals import Clique, clique_size, product_marginal, workload
 
 MAX_CLIQUE_CELLS = 2**22  # cells of the largest workload marginal (8 bytes a cell, several copies in memory)
+MAX_LEVELS = 8192  # levels of all columns together: the fit and the count pass hold (levels)² Gram matrices
 # variable-size buffers: their size is known only after the releases (``_load_from_state_dict``)
 GROWING = ("meas_cliques", "meas_sigma", "meas_offsets", "meas_values", "pending_before")
 
@@ -189,6 +190,9 @@ class GEM(GeneratorModule):
         if len(levels) < 2:
             raise ConfigError("model=gem models the dependence between columns; the data set needs at least two "
                               "columns (the label counts).")
+        if sum(levels) > MAX_LEVELS:
+            raise ConfigError(f"model=gem: the discretised columns have {sum(levels):,} levels together, above "
+                              f"{MAX_LEVELS:,} (the fit holds a square matrix of them). Set model.module.bins lower.")
         degree = min(module_cfg.get("degree", 2), len(levels))
         top = sorted(levels)[-3:] if module_cfg.get("target_triples") else sorted(levels)[-degree:]
         if math.prod(top) > MAX_CLIQUE_CELLS:
@@ -291,20 +295,27 @@ class GEM(GeneratorModule):
         """Step indices only: the module fits released marginals, never rows."""
         return DataLoader(range(self.hparams.steps_per_epoch), batch_size=None)
 
-    def _fit_targets(self) -> tuple[Tensor, Tensor, list[tuple[Clique, Tensor, float]]]:
-        """The pooled measurements as proportions: 1-way targets and weights over the concatenated levels (K,)
-        (weight 0 where nothing was measured), and every larger clique's ``(clique, target, weight)``."""
+    def _fit_targets(self) -> tuple[Tensor, Tensor, Tensor, Tensor, list[tuple[Clique, Tensor, float]]]:
+        """The pooled measurements as proportions: 1-way targets and weights (K,), 2-way ones as (K, K) blocks of
+        the Gram matrix (weight 0 where nothing was measured), and the larger cliques apart."""
         n, o, size = float(self.num_rows), self.offsets, self.offsets[-1]
         one, one_w = torch.zeros(size, dtype=torch.float64), torch.zeros(size, dtype=torch.float64)
+        two, two_w = torch.zeros(size, size, dtype=torch.float64), torch.zeros(size, size, dtype=torch.float64)
         rest = []
         for clique, y, precision in self.pooled():
             y, w = y.cpu() / n, precision * n**2
             if len(clique) == 1:
                 (c,) = clique
                 one[o[c] : o[c + 1]], one_w[o[c] : o[c + 1]] = y, w
+            elif len(clique) == 2:
+                a, b = clique
+                two[o[a] : o[a + 1], o[b] : o[b + 1]] = y.view(o[a + 1] - o[a], o[b + 1] - o[b])
+                two_w[o[a] : o[a + 1], o[b] : o[b + 1]] = w
             else:
                 rest.append((clique, y.to(self.device, torch.float32), w))
-        return one.to(self.device, torch.float32), one_w.to(self.device, torch.float32), rest
+        dev = self.device
+        return (one.to(dev, torch.float32), one_w.to(dev, torch.float32), two.to(dev, torch.float32),
+                two_w.to(dev, torch.float32), rest)
 
     def training_step(self, batch: Any, batch_idx: int) -> Tensor:
         if not self.is_released():
@@ -312,12 +323,11 @@ class GEM(GeneratorModule):
         key = len(self.meas_sigma)  # pooled again after each new measurement
         if getattr(self, "_targets", None) is None or self._targets[0] != key:
             self._targets = (key, self._fit_targets())
-        one, one_w, rest = self._targets[1]
+        one, one_w, two, two_w, rest = self._targets[1]
         probs = self.level_probs(self.hparams.batch_size)
         flat = torch.cat(probs, 1)  # (B, K)
-        loss = 0.5 * (one_w * (flat.mean(0) - one).square()).sum()
-        # only the measured cliques: a 2-way one is one (k_a × B)(B × k_b) product, far fewer cells than the Gram
-        # matrix of every pair once the table is wide
+        gram = flat.T @ flat / flat.shape[0]  # (K, K): every 2-way marginal of the mixture
+        loss = 0.5 * (two_w * (gram - two).square()).sum() + 0.5 * (one_w * (flat.mean(0) - one).square()).sum()
         for clique, target, weight in rest:
             loss = loss + 0.5 * weight * (product_marginal(probs, clique) - target).square().sum()
         self.log("train/fit_loss", loss.detach(), prog_bar=True)
