@@ -13,13 +13,14 @@ import math
 import os
 import shutil
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 from omegaconf import DictConfig
 
 from lightning_dp.data.sources import LOADERS
 from lightning_dp.errors import ConfigError
-from lightning_dp.models import MODELS, check_model_config
+from lightning_dp.models import MODELS, check_model_config, minmax_columns
 from lightning_dp.privacy.coverage import check_coverage
 from lightning_dp.privacy.ledger import BudgetExceededError
 from lightning_dp.quick_checks import check_quick
@@ -168,18 +169,34 @@ def check_trainer(cfg: DictConfig, *, sgd: bool) -> None:
             q.setLevel(level)
 
 
-def schema_layout(schema: object) -> dict[str, object] | None:
-    """The model-space layout of a public schema with one number per continuous column (``minmax``), or None when
-    a DP release decides the bounds or categories. With ``data.representation=cells`` the run's layout is wider
-    (its cells may be a later release), so sizes from this layout are lower bounds: a refusal on them is sound."""
+def schema_layout(schema: object, representation: str = "minmax",
+                  minmax_columns: Sequence[str] = ()) -> dict[str, object] | None:
+    """The model-space layout of a public schema, or None when a DP release decides the bounds or categories.
+
+    Under ``representation="cells"`` a continuous column whose spikes and bin edges the schema declares has its
+    exact cells; one whose cells a later release decides (``dp_cells.py``) is counted as one min-max number (with
+    its missing indicator), which is never wider than its cells, so sizes from this layout are lower bounds and a
+    refusal on them is sound. ``minmax_columns``: the model's own min-max columns (``models.minmax_columns``).
+    """
+    from lightning_dp.data.dp_cells import needs_cells
     from lightning_dp.data.dp_preprocessing import needs_release
     from lightning_dp.data.encoders import TabularEncoder
 
     if schema is None or needs_release(schema):
         return None
-    enc = TabularEncoder(schema)
+    keep = tuple(minmax_columns)
+    if representation == "cells":
+        keep += tuple(c.name for c in needs_cells(schema, keep))
+    enc = TabularEncoder(schema, representation=representation, minmax_columns=keep)
     return {"n_continuous": enc.n_continuous, "block_sizes": enc.block_sizes, "num_classes": enc.num_classes,
             "continuous_names": [c.name for c in enc.continuous], "continuous_units": enc.continuous_units}
+
+
+def run_layout(cfg: DictConfig, schema: object) -> dict[str, object] | None:
+    """:func:`schema_layout` with the run's ``data.representation`` and the model's min-max columns."""
+    if schema is None:
+        return None
+    return schema_layout(schema, cfg.data.get("representation", "minmax"), minmax_columns(cfg.model, schema))
 
 
 # parameters, gradients and Adam's two moments
@@ -198,7 +215,7 @@ def check_before_release(cfg: DictConfig, schema: object, weighting: object | No
     Raises:
         ConfigError, ResourceError, BudgetExceededError: with the setting to change; nothing was spent.
     """
-    layout = schema_layout(schema)
+    layout = run_layout(cfg, schema)
     if layout is None:
         return
     model = check_model(cfg, layout)
@@ -245,18 +262,20 @@ def check_model(cfg: DictConfig, layout: dict[str, object]) -> object | None:
     return model
 
 
-def check_rows_memory(num_rows: float, schema: object) -> None:
+def check_rows_memory(num_rows: float, schema: object, cfg: DictConfig | None = None) -> None:
     """The training rows in model space (float32, twice over while encoding) against the machine's memory.
 
     Needs the row count, so it runs on the DP count just after its release (the refusal then says what was spent,
-    ``train.say_spent``); a schema whose layout a later release decides is not checked here.
+    ``train.say_spent``); a schema whose layout a later release decides is not checked here. ``cfg``: the run's
+    config, for its representation and the model's min-max columns (:func:`run_layout`); without it, the min-max
+    layout (never wider).
 
     Raises:
         ResourceError: with the size and what to change.
     """
     from lightning_dp.resources import check_memory
 
-    layout = schema_layout(schema)
+    layout = run_layout(cfg, schema) if cfg is not None else schema_layout(schema)
     if layout is None:
         return
     width = layout["n_continuous"] + sum(layout["block_sizes"])

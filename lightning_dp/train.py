@@ -329,7 +329,7 @@ def _train(cfg: DictConfig, *, overrides: Sequence[str] | None, run_log: RunLog,
         ledger.commit = lambda: publish_prefit(out, ledger=ledger.state_dict(), data=dm.state_dict(), complete=False)
     dm.prepare(ledger, generator=mech.noise_generator(noise_seed), state=data_state,
                check_rows=lambda count: (check_delta(ledger.delta, count, allow_large_delta=allow),
-                                         check_rows_memory(count.value, public.get("schema"))),
+                                         check_rows_memory(count.value, public.get("schema"), cfg)),
                count_budget_fraction=cfg.privacy.get("count_budget_fraction", 0.02),
                check_schema=lambda schema: (check_data(cfg.model, schema), public.update(schema=schema),
                                             check_before_release(cfg, schema, weighting if resume is None else None)),
