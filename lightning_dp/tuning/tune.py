@@ -435,6 +435,7 @@ def tune(cfg: DictConfig, *, overrides: Sequence[str] | None = None) -> dict[str
     out = Path(cfg.output_dir)
     if any((out / name).exists() for name in ("ledger.json", ".prefit.json", "checkpoints", "tuning")):
         raise RunExistsError(f"{str(out)!r} already holds a run. Choose another output_dir=PATH.")
+    tracker.stage("tuning: plan and checks of every candidate's settings (no row read yet)")
     ledger = make_ledger(cfg.privacy)
     p = plan(tc, ledger)  # refuses before anything is read or written
     check_candidates(cfg, tc, p, out)
@@ -465,8 +466,10 @@ def tune(cfg: DictConfig, *, overrides: Sequence[str] | None = None) -> dict[str
     try:
         # the candidates' logs, prints and warnings go to the private log only (private_log.py): K and each
         # candidate's run are not covered by the theorem, and the console is what a scheduler writes to a shared log
-        with tracker.hidden("tuning (elapsed and ε only: the number of candidates is private)"), \
-                private_output(out / PRIVATE_LOG):
+        with tracker.hidden(f"tuning: selection started (the number of candidates is private: until it ends, "
+                            f"progress lines go to {PRIVATE_LOG} only)", done="tuning: selection done"), \
+                private_output(out / PRIVATE_LOG) as private_line:
+            tracker.private_sink(private_line)  # the heartbeats' count grows with K: for the operator only
             try:
                 best = _candidates(cfg, tc, p, out, num, points, rng, envelope, score_gen, rows)
             except Exception as err:
