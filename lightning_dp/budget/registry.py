@@ -534,6 +534,12 @@ class Registry:
                 if _live(other, now):
                     raise RunBusyError(f"Run {other.run_id} ({other.host}, pid {other.pid}) is writing to {out} now. "
                                        "Wait for it to end, or choose another output_dir.")
+                # a run whose process died in this folder (e.g. killed before its first file was written): from now on
+                # it is charged what it spent, not its claim; resuming it claims again
+                conn.execute(update(t.runs).where(c.run_id == other.run_id).values(
+                    active=False, lease=None, heartbeat_at=None, closed_at=_now(), updated_at=_now()))
+                self._event(conn, "end_run", dataset_id=other.dataset_id, run_id=other.run_id,
+                            outcome=f"ended: its process is gone and run {run_id} took its folder")
             row = conn.execute(select(t.runs).where(c.run_id == run_id).with_for_update()).one_or_none()
             if row is not None:
                 known = self._run(row, now)
