@@ -107,7 +107,8 @@ def test_interrupted_before_the_first_release_says_nothing_was_spent(tmp_path, c
     assert stop.value.code == 130 and "nothing was spent" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("argv", [["seed=abc"], ["privacy.noise_seed=x"], ["model=ppem", "model.sensitive=age"]])
+@pytest.mark.parametrize("argv", [["seed=abc"], ["privacy.noise_seed=x"], ["model=ppem", "model.sensitive=age"],
+                                  ["privacy.epsilon=-1"], ["privacy.delta=abc"], ["data.batch_size=0"]])
 def test_config_mistakes_are_refused_before_torch_loads(argv, tmp_path):
     args = [*argv, f"output_dir={tmp_path / 'run'}"]
     code = ("import importlib.util, sys; spec = importlib.util.spec_from_file_location('t', 'train.py'); "
