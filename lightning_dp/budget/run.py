@@ -11,9 +11,12 @@ takes the run's lease, and from then on every change of the ledger is recorded i
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import logging
 import threading
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +27,25 @@ from lightning_dp.budget.registry import HEARTBEAT_S, Dataset, Lease, Registry, 
 from lightning_dp.privacy.ledger import PrivacyLedger
 
 log = logging.getLogger(__name__)
+
+
+_CANDIDATES = contextvars.ContextVar("lightning_dp_tuning_candidates", default=False)
+
+
+@contextlib.contextmanager
+def tuning_candidates() -> Iterator[None]:
+    """While a tuning run trains its candidates: they open no registry session of their own, because the tuning
+    run is registered once and charged the selection's ε (Papernot & Steinke's bound covers every candidate)."""
+    token = _CANDIDATES.set(True)
+    try:
+        yield
+    finally:
+        _CANDIDATES.reset(token)
+
+
+def in_tuning() -> bool:
+    """True inside :func:`tuning_candidates`: a ``train()`` call is a tuning candidate."""
+    return _CANDIDATES.get()
 
 
 def new_run_id() -> str:

@@ -185,6 +185,19 @@ class PrivateDataModule(LightningDataModule):
                 self._encode_tabular(source, train, holdout, ledger, generator, state)
         log.info("Data %r: %s; model-space width %d.", self.name, self.row_count.describe(), self.x.shape[1])
 
+    def row_identity(self) -> tuple[np.ndarray, str]:
+        """One canonical digest per row of the whole source (as ``prepare`` gives ``identify``) and the data kind,
+        without releasing anything: the budget registry's fingerprint for a run that releases before ``prepare``
+        (a tuning run's selection, ``lightning_dp/tuning/tune.py``).
+
+        Raises:
+            DataError: unreadable or invalid rows.
+        """
+        source = self._load()
+        if isinstance(source, ImageSource):
+            return row_digests(canonical_images(source.images, source.labels)), "image"
+        return self._split_tabular(source)[2], "tabular"
+
     def _split_tabular(self, source: TabularSource) -> tuple[pd.DataFrame, pd.DataFrame, np.ndarray]:
         """Training and held-out rows, and one canonical digest per row of the source (training rows first)."""
         train = validate(source.train, source.schema, source=f"the {source.name} training data")
