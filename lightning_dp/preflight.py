@@ -222,10 +222,13 @@ def check_model(cfg: DictConfig, layout: dict[str, object]) -> object | None:
         log.debug("model=%s could not be sized on the meta device (%s); its memory is not checked.", cfg.model.name, err)
         return None
     width = layout["n_continuous"] + sum(layout["block_sizes"])
+    if "continuous_names" in layout:  # a table's schema (schema_layout)
+        what, fix = ("the schema's continuous columns and categories",
+                     "Declare fewer categories (merge rare ones), drop columns, or shrink the model's networks")
+    else:  # images (datamodule.image_layout): one column per pixel
+        what, fix = "one per pixel", "Shrink the model's networks (model.module.*) or use smaller images"
     check_memory(TRAINING_COPIES * module_bytes(lambda: model),
-                 what=f"Training model={cfg.model.name} on {width:,} model-space columns (the schema's continuous "
-                      "columns and categories)",
-                 fix="Declare fewer categories (merge rare ones), drop columns, or shrink the model's networks")
+                 what=f"Training model={cfg.model.name} on {width:,} model-space columns ({what})", fix=fix)
     return model
 
 

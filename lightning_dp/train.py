@@ -335,7 +335,8 @@ def _train(cfg: DictConfig, *, overrides: Sequence[str] | None, run_log: RunLog,
                check_schema=lambda schema: (check_data(cfg.model, schema), public.update(schema=schema),
                                             check_before_release(cfg, schema, weighting if resume is None else None)),
                minmax_columns=lambda schema: minmax_columns(cfg.model, schema),
-               identify=budget.identify if budget is not None else None)
+               identify=budget.identify if budget is not None else None,
+               check_layout=lambda layout: check_model(cfg, layout))  # images: the model's memory, before the count
     ledger.commit = None
     if rank == 0:
         publish_prefit(out, ledger=ledger.state_dict(), data=dm.state_dict(), complete=True)
