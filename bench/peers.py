@@ -14,7 +14,12 @@ columns in 10 real-quantile bins).
 for choosing settings. Without it, the UCI test split is the reference.
 
     python bench/peers.py --data adult --systems gem aim mst --seeds 0 1 2 [--aim-rounds 48] [--validate]
-                          [--set model.module.bins=16 ...] [--markdown docs/results.md]
+                          [--set model.module.bins=16 ...] [--results runs.jsonl]
+    python bench/peers.py --merge runs.jsonl      # the table of every run recorded in the file(s)
+
+``--results`` appends one JSON line per system and seed (figures, wall time, peak memory, the overrides, the split,
+the host, its core count and load average at the start): a long bench can run as several calls (e.g. AIM alone,
+then GEM's seeds), and ``--merge`` prints their table; the lines say what machine state each was taken in.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import subprocess
 import sys
 import tempfile
@@ -137,7 +143,50 @@ def fmt(values: list[float], digits: int = 3) -> str:
     return f"{np.mean(values):.{digits}f} ± {np.std(values, ddof=1):.{digits}f}"
 
 
+def machine_state() -> dict[str, Any]:
+    """Where and under what load a figure was taken (stated beside merged results)."""
+    return {"host": platform.node(), "cpus": os.cpu_count(), "load1": round(os.getloadavg()[0], 2),
+            "utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+
+
+def append_result(path: Path, record: dict[str, Any]) -> None:
+    """One JSON line, appended and flushed (a kill loses at most the line being written)."""
+    with path.open("a") as f:
+        f.write(json.dumps(record) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def print_table(records: list[dict[str, Any]], real: dict[str, float] | None) -> None:
+    """The markdown table: real rows, then each system's mean ± std over its seeds."""
+    rows: dict[str, dict[str, list[float]]] = {}
+    for r in records:
+        for k in ("roc_hard", "roc_score", "tv2", "wall", "rss"):
+            rows.setdefault(r["label"], {}).setdefault(k, []).append(r[k])
+    print("\n| system | seeds | ROC hard | ROC score | 2-way TV | wall s | peak MiB |\n|---|---|---|---|---|---|---|")
+    if real:
+        print(f"| real training rows | | {real['roc_hard']:.3f} | {real['roc_score']:.3f} | {real['tv2']:.3f} | | |")
+    for label, v in rows.items():
+        print(f"| {label} | {len(v['wall'])} | {fmt(v['roc_hard'])} | {fmt(v['roc_score'])} | {fmt(v['tv2'])} | "
+              f"{fmt(v['wall'], 0)} | {fmt(v['rss'], 0)} |")
+
+
+def merge(paths: list[str]) -> None:
+    records = [json.loads(line) for p in paths for line in Path(p).read_text().splitlines() if line.strip()]
+    real = next((r for r in reversed(records) if r["system"] == "real"), None)
+    runs = [r for r in records if r["system"] != "real"]
+    for r in records:
+        where = f"{r['split']}; {r['machine']['host']} ({r['machine']['cpus']} cores, load {r['machine']['load1']}) " \
+                f"at {r['machine']['utc']}"
+        what = f"seed {r['seed']}" if r["system"] != "real" else "real rows"
+        print(f"  {r['label']} {what}: {where}; overrides {r.get('overrides') or 'none'}")
+    print_table(runs, real)
+
+
 def main() -> None:
+    if len(sys.argv) > 2 and sys.argv[1] == "--merge":
+        merge(sys.argv[2:])
+        return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", default="adult", choices=["adult", "cervical"])
     parser.add_argument("--systems", nargs="+", default=["gem", "aim", "mst"], choices=["gem", "aim", "mst"])
@@ -152,7 +201,10 @@ def main() -> None:
     parser.add_argument("--set", nargs="*", default=[], help="extra overrides for GEM's train.py")
     parser.add_argument("--skip-real", action="store_true", help="do not score the real training rows")
     parser.add_argument("--out", default=None, help="keep the runs here (default: a temporary folder)")
+    parser.add_argument("--results", default=None, help="append each run's figures to this JSON-lines file")
     args = parser.parse_args()
+    results = Path(args.results) if args.results else None
+    label = {"gem": "GEM (ours)", "aim": f"AIM-{args.aim_rounds or 'default'} (dpmm)", "mst": "MST (dpmm)"}
 
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(args.out or tmp)
@@ -164,26 +216,28 @@ def main() -> None:
         print(f"== {args.data}: {len(train):,} training rows, {len(test):,} real rows scored ({where}); "
               f"{args.num_rows:,} synthetic rows; ε = {args.epsilon:g}, δ = {args.delta:g}; seeds {args.seeds}; "
               f"one thread per system; GEM overrides {args.set or 'none'}", flush=True)
+        split = f"{args.data}, {where}, ε = {args.epsilon:g}, δ = {args.delta:g}, {args.num_rows} rows"
         real = None if args.skip_real else score(train.copy(), test, schema, 0)
+        if real and results:
+            append_result(results, {"system": "real", "label": "real training rows", "seed": 0, "split": split,
+                                    **real, "machine": machine_state()})
         if real:
             print(f"  real training rows: ROC hard {real['roc_hard']:.3f}, score {real['roc_score']:.3f}, "
                   f"2-way TV {real['tv2']:.3f}", flush=True)
-        rows: dict[str, dict[str, list[float]]] = {}
+        records: list[dict[str, Any]] = []
         for system in args.systems:
             for seed in args.seeds if system == "gem" or args.peer_seeds is None else args.peer_seeds:
+                state = machine_state()
                 synth, wall, rss = run_system(system, seed, args, overrides, peer_files, folder)
                 s = score(synth, test, schema, seed)
-                for k, v in {**s, "wall": wall, "rss": rss}.items():
-                    rows.setdefault(system, {}).setdefault(k, []).append(v)
+                record = {"system": system, "label": label[system], "seed": seed, "split": split, **s, "wall": wall,
+                          "rss": rss, "overrides": args.set if system == "gem" else [], "machine": state}
+                records.append(record)
+                if results:
+                    append_result(results, record)
                 print(f"  {system} seed {seed}: ROC hard {s['roc_hard']:.3f}, score {s['roc_score']:.3f}, 2-way TV "
                       f"{s['tv2']:.3f}; {wall:.0f} s, peak {rss:.0f} MiB", flush=True)
-        label = {"gem": "GEM (ours)", "aim": f"AIM-{args.aim_rounds or 'default'} (dpmm)", "mst": "MST (dpmm)"}
-        print("\n| system | ROC hard | ROC score | 2-way TV | wall s | peak MiB |\n|---|---|---|---|---|---|")
-        if real:
-            print(f"| real training rows | {real['roc_hard']:.3f} | {real['roc_score']:.3f} | {real['tv2']:.3f} | | |")
-        for system, v in rows.items():
-            print(f"| {label[system]} | {fmt(v['roc_hard'])} | {fmt(v['roc_score'])} | {fmt(v['tv2'])} | "
-                  f"{fmt(v['wall'], 0)} | {fmt(v['rss'], 0)} |")
+        print_table(records, real)
 
 
 if __name__ == "__main__":

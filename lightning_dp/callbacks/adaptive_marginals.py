@@ -46,13 +46,18 @@ class AdaptiveMarginals(Callback):
        ``max_r w_r · Δ_L1`` (``score_sensitivity``: ||M_r(D)||₁ moves by 1 (add/remove) or 2 (replace-one);
        the model's answers are post-processing), accounted as ``min(α ε_t²/8, ε_t)`` (bounded range,
        ``exponential_rdp``); then ``measure`` it with Gaussian noise of multiplier σ_t (Δ₂ = Δ₁, one marginal).
-       A round costs ρ_t = 1/(2σ_t²) + ε_t²/8 = ρ/T at the start. When the fitted model moved by less than the
-       noise's expected size on the last measured marginal, σ halves and ε doubles (AIM's annealing); when
-       less than two rounds' cost is left, the last round spends all of it.
+       A round costs ρ_t = 1/(2σ_t²) + ε_t²/8 = ρ/T at the start. Annealing (``anneal``): ``gap`` (default) —
+       when the model before the round was within the noise's expected L1 size of the new measurement, σ halves
+       and ε doubles for the next rounds; ``movement`` — AIM's literal test, when the model fitted since the last
+       measurement moved by less than that (``privacy.marginals.anneal``: the two agree for AIM's estimator,
+       which refits to convergence each round; a generator that takes ``steps_per_round`` warm-started gradient
+       steps moves less, so the movement test fires too early and spends the budget in a few rounds). When less
+       than two rounds' cost is left, the last round spends all of it.
 
     The number of rounds is a function of ρ, T and the annealing decisions, which are post-processing of
     releases: no count of private rows is ever used outside a mechanism. After the last round the module
-    trains ``final_steps`` more steps and the trainer stops.
+    trains ``final_steps`` more steps, its learning rate decaying from ``lr`` to ``final_lr_fraction · lr`` on a
+    cosine, and the trainer stops.
 
     Order and durability: each round's releases are recorded and their values stored in the module inside one
     :meth:`PrivacyLedger.durable` block, so the checkpoint holding them and the ledger are on disk before a
@@ -67,18 +72,23 @@ class AdaptiveMarginals(Callback):
         selection_fraction: share of a round's ρ for the selection (AIM: 0.1).
         steps_per_round: training steps between rounds (the fit to all measurements so far).
         final_steps: training steps after the last round.
+        final_lr_fraction: the learning rate at the end of the final fit, a fraction of the module's ``lr``.
+        anneal: ``gap`` or ``movement`` (AIM's literal test), see above.
         chunk_size: rows per streamed chunk of the count pass.
         noise_seed: fix the noise (tests only); default OS entropy.
     """
 
     def __init__(self, *, ledger: PrivacyLedger, datamodule: Any, rounds: int | None = None,
                  selection_fraction: float = 0.1, steps_per_round: int = 50, final_steps: int = 2000,
-                 chunk_size: int = 65536, noise_seed: int | None = None) -> None:
+                 final_lr_fraction: float = 0.05, anneal: str = "gap", chunk_size: int = 65536,
+                 noise_seed: int | None = None) -> None:
         self.check_settings({"rounds": rounds, "selection_fraction": selection_fraction,
-                             "steps_per_round": steps_per_round, "final_steps": final_steps, "chunk_size": chunk_size})
+                             "steps_per_round": steps_per_round, "final_steps": final_steps, "chunk_size": chunk_size,
+                             "final_lr_fraction": final_lr_fraction, "anneal": anneal})
         self.ledger, self.datamodule = ledger, datamodule
         self.rounds, self.selection_fraction = rounds, float(selection_fraction)
         self.steps_per_round, self.final_steps, self.chunk_size = steps_per_round, final_steps, chunk_size
+        self.final_lr_fraction, self.anneal = float(final_lr_fraction), anneal
         self.noise_seed = noise_seed
         self._exact: dict[mg.Clique, Tensor] = {}  # private: never leaves this object
         self._gen: torch.Generator | None = None
@@ -105,6 +115,12 @@ class AdaptiveMarginals(Callback):
         frac = node.get("selection_fraction", 0.1)
         if isinstance(frac, bool) or not isinstance(frac, int | float) or not 0 < frac < 1:
             raise ConfigError(f"AdaptiveMarginals: selection_fraction must be in (0, 1) (AIM: 0.1), got {frac!r}.")
+        floor = node.get("final_lr_fraction", 0.05)
+        if isinstance(floor, bool) or not isinstance(floor, int | float) or not 0 < floor <= 1:
+            raise ConfigError(f"AdaptiveMarginals: final_lr_fraction must be in (0, 1] (1 = no decay), got {floor!r}.")
+        if node.get("anneal", "gap") not in ("gap", "movement"):
+            raise ConfigError(f"AdaptiveMarginals: anneal must be gap or movement (AIM's literal test), got "
+                              f"{node.get('anneal')!r}.")
 
     # ---------------------------------------------------------------- hooks
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -126,8 +142,10 @@ class AdaptiveMarginals(Callback):
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
         step = trainer.global_step
         if bool(pl_module.finished):
-            if step - int(pl_module.finish_step) >= self.final_steps:
+            done = step - int(pl_module.finish_step)
+            if done >= self.final_steps:
                 trainer.should_stop = True
+            pl_module.set_lr_fraction(mg.cosine_fraction(done, self.final_steps, floor=self.final_lr_fraction))
             return
         if step - int(pl_module.round_step) >= self.steps_per_round:
             with self.ledger.durable():
@@ -198,7 +216,7 @@ class AdaptiveMarginals(Callback):
         t = int(module.rounds) + 1
         delta_1 = mg.gaussian_l2_sensitivity(1, adjacency=self.ledger.adjacency)
         sigma, epsilon = float(module.round_sigma), float(module.round_epsilon)
-        if int(module.pending_clique) >= 0:  # AIM's annealing, on the model fitted since the last measurement
+        if self.anneal == "movement" and int(module.pending_clique) >= 0:  # AIM's test, on the model fitted since
             clique = module.cliques[int(module.pending_clique)]
             after = module.answers([clique])[0].cpu()
             if mg.anneal(module.pending_before.cpu(), after, sigma=sigma * delta_1,
@@ -236,15 +254,18 @@ class AdaptiveMarginals(Callback):
         module.pending_clique.fill_(chosen)
         module.pending_before = before.to(module.pending_before.device)
         module.rho_used += mg.round_cost(sigma, epsilon)
-        module.round_sigma.fill_(sigma)
-        module.round_epsilon.fill_(epsilon)
+        annealed = self.anneal == "gap" and mg.anneal(before.cpu(), noisy.cpu(), sigma=sigma * delta_1,
+                                                      cells=mg.clique_size(clique, module.levels))
+        module.round_sigma.fill_(sigma / 2 if annealed else sigma)  # the next round's (a function of releases)
+        module.round_epsilon.fill_(epsilon * 2 if annealed else epsilon)
         module.rounds.fill_(t)
         module.round_step.fill_(trainer.global_step)
         if final:
             module.finished.fill_(True)
             module.finish_step.fill_(trainer.global_step)
-        log.info("Round %d: measured the marginal of columns %s (σ = %.4g, ε_select = %.4g)%s; %s", t, list(clique),
-                 sigma, epsilon, ", the last" if final else "", self.ledger.summary())
+        log.info("Round %d: measured the marginal of columns %s (σ = %.4g, ε_select = %.4g)%s%s; %s", t, list(clique),
+                 sigma, epsilon, ", the last" if final else "", "; annealing" if annealed and not final else "",
+                 self.ledger.summary())
 
     # ---------------------------------------------------------------- DDP
     def _shared_seed(self, trainer: Trainer) -> int:

@@ -330,6 +330,15 @@ class GEM(GeneratorModule):
         self.log("train/rounds", float(self.rounds))
         return loss
 
+    def set_lr_fraction(self, fraction: float) -> None:
+        """Set the optimiser's learning rate to ``fraction · lr`` (the mechanism's final-fit schedule; a function
+        of the step counters, so a resumed run continues the same schedule)."""
+        if self._trainer is None:
+            return
+        for opt in self.trainer.optimizers:
+            for group in opt.param_groups:
+                group["lr"] = self.hparams.lr * fraction
+
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.Adam(self.generator.parameters(), lr=self.hparams.lr)
 

@@ -140,5 +140,20 @@ def round_cost(sigma: float, epsilon: float) -> float:
 
 def anneal(before: Tensor, after: Tensor, *, sigma: float, cells: int) -> bool:
     """AIM's annealing test (Alg. 1, line 13): the fitted model moved by at most the noise's expected L1 size
-    on the measured marginal, ``||M_r(p̂_t) − M_r(p̂_{t−1})||₁ ≤ √(2/π) σ n_r``; then σ halves and ε doubles."""
+    on the measured marginal, ``||M_r(p̂_t) − M_r(p̂_{t−1})||₁ ≤ √(2/π) σ n_r``; then σ halves and ε doubles.
+
+    With ``after`` the new measurement ``y_r`` instead of the refitted model this is the *gap* test: the model
+    before the round was already within the noise of what was measured. AIM's estimator refits to convergence,
+    so its ``M_r(p̂_t)`` moves to (about) ``y_r`` and both tests agree; a generator fitted by a bounded number of
+    gradient steps moves less than it would at convergence, and only the gap test keeps AIM's meaning (a selected
+    marginal the model already answers within the noise: measure more finely)."""
     return float((after - before).abs().sum()) <= math.sqrt(2.0 / math.pi) * sigma * cells
+
+
+def cosine_fraction(step: int, total: int, *, floor: float) -> float:
+    """Learning-rate multiplier of a cosine decay from 1 to ``floor`` over ``total`` steps ("SGDR: Stochastic
+    Gradient Descent with Warm Restarts", Loshchilov & Hutter 2017, Eq. 5, one cycle)."""
+    if total <= 0:
+        return floor
+    t = min(max(step, 0), total) / total
+    return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * t))

@@ -90,6 +90,14 @@ def test_selection_scores_and_annealing():
     assert not mg.anneal(before, torch.full((4,), 1.0), sigma=1.0, cells=4)
 
 
+def test_cosine_schedule_runs_from_one_to_the_floor():
+    assert mg.cosine_fraction(0, 100, floor=0.1) == pytest.approx(1.0)
+    assert mg.cosine_fraction(50, 100, floor=0.1) == pytest.approx(0.55)
+    assert mg.cosine_fraction(100, 100, floor=0.1) == pytest.approx(0.1)
+    assert mg.cosine_fraction(500, 100, floor=0.1) == pytest.approx(0.1)  # held after the end
+    assert mg.cosine_fraction(0, 0, floor=0.2) == 0.2
+
+
 def test_discretisation_levels_codes_and_values():
     # age-like integer column with 16 values (exact levels), a wide one (bins + 2 spikes), a real-valued one
     disc = Discretisation.of(n_continuous=3, block_sizes=[3], num_classes=2, continuous_units=[1 / 15, 1e-5, 0.0],
@@ -131,7 +139,8 @@ def test_settings_are_refused_before_any_release():
     for bad in ({"bins": 0}, {"degree": 4}, {"target_weight": -1}, {"lr": 0}, {"batch_size": 1.5}):
         with pytest.raises(ConfigError):
             GEM.check_schema(bad, None)
-    for bad in ({"rounds": 0}, {"selection_fraction": 1.0}, {"steps_per_round": 0}, {"final_steps": -1}):
+    for bad in ({"rounds": 0}, {"selection_fraction": 1.0}, {"steps_per_round": 0}, {"final_steps": -1},
+                {"final_lr_fraction": 0}, {"final_lr_fraction": 1.5}, {"anneal": "always"}):
         with pytest.raises(ConfigError):
             AdaptiveMarginals.check_settings(bad)
 
