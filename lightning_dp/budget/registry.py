@@ -143,6 +143,13 @@ def resolve_url(setting: str | None, *, saved: bool = True) -> str:
     return url.render_as_string(hide_password=False)
 
 
+def public_label(name: str | None) -> str:
+    """How a run's streams and files name its data set: the owner's ``privacy.dataset_name`` (public config), never
+    what the registry knows from the rows (an unnamed data set's ``fp-...`` name is a keyed function of the rows: two
+    runs' logs naming it would tell D from D plus one row)."""
+    return repr(name) if name else "unnamed data set (its name, for the registry's owner: python -m lightning_dp.budget list)"
+
+
 def _canonical(obj: Any) -> bytes:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), default=float).encode()
 
@@ -186,12 +193,14 @@ class RunRow:
 
 @dataclass(frozen=True)
 class Lease:
-    """This process's right to record releases for ``run_id`` (one process at a time)."""
+    """This process's right to record releases for ``run_id`` (one process at a time); ``label`` names its data set in
+    messages (:func:`public_label`)."""
 
     run_id: str
     token: str
     dataset: Dataset
     claim_epsilon: float
+    label: str = "unnamed data set"
 
 
 def _pid_alive(pid: int | None) -> bool:
@@ -425,9 +434,10 @@ class Registry:
                              ).scalar_one_or_none()
         if known is not None:
             dataset = self._lock_dataset(conn, known)
-            if name and name != dataset.name:
-                raise RegistryError(f"These rows are registered in the budget registry as data set {dataset.name!r}, "
-                                    f"not {name!r}: set privacy.dataset_name={dataset.name} (or leave it out).")
+            if name and name != dataset.name:  # the other name stays in the registry (the rows chose it)
+                raise RegistryError(f"These rows are registered in the budget registry under another data set name than "
+                                    f"{name!r}: leave privacy.dataset_name out, or set the registered name (python -m "
+                                    "lightning_dp.budget list shows it to the registry's owner). Nothing was released.")
         else:
             row = conn.execute(select(t.datasets).where(t.datasets.c.name == name).with_for_update()
                                ).one_or_none() if name else None
@@ -440,10 +450,9 @@ class Registry:
             conn.execute(insert(t.fingerprints).values(fingerprint=fingerprint, dataset_id=dataset.id,
                                                        first_seen=_now()))
         if budget is not None and abs(budget - dataset.budget_epsilon) > TOLERANCE * max(1.0, budget):
-            raise RegistryError(f"privacy.dataset_budget={budget:g}, but data set {dataset.name!r} has a budget of "
-                                f"ε = {dataset.budget_epsilon:g} in the registry. Leave privacy.dataset_budget out, or "
-                                f"change the budget explicitly: python -m lightning_dp.budget set {dataset.name} "
-                                f"{budget:g} --reason TEXT.")
+            raise RegistryError(f"privacy.dataset_budget={budget:g} differs from the budget the registry holds for the "
+                                f"{public_label(name)}. Leave privacy.dataset_budget out, or change the budget explicitly: "
+                                f"python -m lightning_dp.budget set {name or 'NAME'} {budget:g} --reason TEXT.")
         return dataset
 
     def _create(self, conn: Connection, name: str, budget: float | None, *, source: str) -> Dataset:
@@ -453,11 +462,9 @@ class Registry:
                                                             updated_at=stamp, tag="")).inserted_primary_key[0]
         conn.execute(update(t.datasets).where(t.datasets.c.id == dataset_id)
                      .values(tag=self._dataset_tag(dataset_id, name, value)))
+        # kept in the registry's event log (``python -m lightning_dp.budget list/show``), not in the run's streams:
+        # whether rows are new to the registry is a function of the rows
         self._event(conn, "create_dataset", dataset_id=dataset_id, name=name, budget_epsilon=value, source=source)
-        if budget is None:
-            log.warning("Data set %r is new to the budget registry: it gets the default budget ε = %g across all its runs. "
-                        "Its owner sets it with: python -m lightning_dp.budget set %s EPSILON --reason TEXT.",
-                        name, value, name)
         return Dataset(id=dataset_id, name=name, budget_epsilon=value)
 
     def set_budget(self, name: str, epsilon: float, *, reason: str, only_raise: bool = False,
@@ -511,11 +518,12 @@ class Registry:
         return float(sum(max(r.claim_epsilon, r.epsilon_committed) if r.active else r.epsilon_committed for r in rows))
 
     def open_run(self, *, run_id: str, dataset: Dataset, ledger: PrivacyLedger, output_dir: str | Path,
-                 external_of: str | None = None) -> Lease:
+                 external_of: str | None = None, name: str | None = None) -> Lease:
         """Start or resume a run on a data set: take its lease and claim its target ε from the data set's budget.
 
         A new run is recorded with ``ledger``'s state (empty for a fresh run; a checkpoint's for
         ``external_of``, charged in full). A known run must be idle (no live lease) and on the same data set.
+        ``name`` is the run's ``privacy.dataset_name``: messages name the data set by it only (:func:`public_label`).
 
         Raises:
             RunBusyError: the run, or another run writing to ``output_dir``, is live in another process.
@@ -526,7 +534,7 @@ class Registry:
         state = {k: v for k, v in ledger.state_dict().items() if k != "integrity"}
         target, spent, committed = ledger.target_epsilon, ledger.spent, ledger.epsilon([*ledger.releases,
                                                                                           *ledger.reserved])
-        token = secrets.token_hex(16)
+        token, label, command = secrets.token_hex(16), public_label(name), name or "NAME"
         with self._transaction("start the run") as conn:
             locked = self._lock_dataset(conn, dataset.id)
             c = t.runs.c
@@ -544,18 +552,18 @@ class Registry:
             if row is not None:
                 known = self._run(row, now)
                 if known.dataset_id != dataset.id:
-                    raise RegistryError(f"Run {run_id} was trained on data set {known.dataset_id} in the registry, not on "
-                                        f"{dataset.name!r}: resume it with its own data (data.*).")
+                    raise RegistryError(f"Run {run_id} was trained on another data set than these rows: resume it with "
+                                        "its own data (data.*).")
                 if known.live:
                     raise RunBusyError(f"Run {run_id} is running now ({known.host}, pid {known.pid}); a run is resumed "
                                        "by one process at a time. Wait for it to end.")
             others = self._charges(conn, dataset.id, besides=run_id)
             if others + target > locked.budget_epsilon * (1 + TOLERANCE):
                 raise DatasetBudgetError(
-                    f"Data set {locked.name!r} has a budget of ε = {locked.budget_epsilon:g} across all its runs; its "
+                    f"Data set {label} has a budget of ε = {locked.budget_epsilon:g} across all its runs; its "
                     f"other runs hold ε = {others:.4g}, so this run's privacy.epsilon={target:g} does not fit (ε = "
                     f"{max(locked.budget_epsilon - others, 0):.4g} left). Nothing was released. Lower privacy.epsilon, "
-                    f"or raise the budget: python -m lightning_dp.budget raise {locked.name} EPSILON --reason TEXT.")
+                    f"or raise the budget: python -m lightning_dp.budget raise {command} EPSILON --reason TEXT.")
             lease = dict(active=True, lease=token, host=self.host, pid=os.getpid(), heartbeat_at=now, output_dir=out,
                          claim_epsilon=target, updated_at=_now(), closed_at=None)
             if row is None:
@@ -584,7 +592,7 @@ class Registry:
                     tag=self._run_tag(run_id, dataset.id, seq, text_state, target, spent_, committed_), **lease))
                 self._event(conn, "resume_run", dataset_id=dataset.id, run_id=run_id, output_dir=out,
                             taken_over_from=f"{row.host} pid {row.pid}" if row.active else None)
-        return Lease(run_id=run_id, token=token, dataset=locked, claim_epsilon=target)
+        return Lease(run_id=run_id, token=token, dataset=locked, claim_epsilon=target, label=label)
 
     def run(self, run_id: str) -> RunRow | None:
         """The run's row (tag checked), or ``None`` when the registry does not know it."""
@@ -619,9 +627,9 @@ class Registry:
             if committed > row.claim_epsilon * (1 + TOLERANCE) or others + committed > dataset.budget_epsilon * (
                     1 + TOLERANCE):
                 raise DatasetBudgetError(
-                    f"Data set {dataset.name!r}: this release would bring its runs to ε = {others + committed:.4g}, above "
-                    f"its budget ε = {dataset.budget_epsilon:g}. Nothing was released. Raise the budget: python -m "
-                    f"lightning_dp.budget raise {dataset.name} EPSILON --reason TEXT, then resume with resume=last.")
+                    f"Data set {lease.label}: this release would bring its runs to ε = {others + committed:.4g}, above "
+                    f"its budget ε = {dataset.budget_epsilon:g}. Nothing was released. Raise the budget (python -m "
+                    "lightning_dp.budget raise NAME EPSILON --reason TEXT), then resume with resume=last.")
             seq = row.seq + 1
             conn.execute(update(t.runs).where(c.run_id == lease.run_id).values(
                 state=text_state, seq=seq, epsilon_spent=spent, epsilon_committed=committed, heartbeat_at=time.time(),

@@ -128,19 +128,21 @@ class RunBudget:
             if dataset is None and self.dataset_name:  # a new version of the run's named data set
                 dataset = registry.dataset_for(fingerprint, name=self.dataset_name, budget=self.dataset_budget)
             if dataset is None or dataset.id != self.expected_dataset:
-                raise RegistryError(f"Run {self.run_id} was trained on other rows than these (data set "
-                                    f"{self.expected_dataset} in the budget registry): resume it with its own data "
-                                    "(the data.* settings of its config.yaml).")
+                raise RegistryError(f"Run {self.run_id} was trained on other rows than these: resume it with its own "
+                                    "data (the data.* settings of its config.yaml).")
         else:
             dataset = registry.dataset_for(fingerprint, name=self.dataset_name, budget=self.dataset_budget)
         self.lease = registry.open_run(run_id=self.run_id, dataset=dataset, ledger=self.ledger,
-                                       output_dir=self.output_dir, external_of=self.external_of)
+                                       output_dir=self.output_dir, external_of=self.external_of, name=self.dataset_name)
         lease = self.lease
         self.ledger.register = lambda led: registry.record(lease, led)
         self._beat = threading.Thread(target=self._heartbeat, name="ldp-registry-heartbeat", daemon=True)
         self._beat.start()
-        log.info("Run %s on data set %r: budget ε = %g across its runs, this run holds ε = %g of it (registry %s).",
-                 self.run_id, dataset.name, lease.dataset.budget_epsilon, lease.claim_epsilon, registry.display)
+        # the run's streams name the data set by its public name only, and say nothing the rows decide (whether they
+        # are new to the registry, the budget an unnamed data set got): those stay in the registry (public_label)
+        log.info("Run %s holds ε = %g of the budget of %s in the budget registry at %s (budgets and every run's "
+                 "spend: python -m lightning_dp.budget list).", self.run_id, lease.claim_epsilon, lease.label,
+                 registry.display)
 
     def _heartbeat(self) -> None:
         while not self._stop.wait(HEARTBEAT_S):
