@@ -73,7 +73,7 @@ def copies(
     *,
     weights: MatchWeights,
     null_rate: float = 0.01,
-    margin: float = 3.0,
+    margin: float = 8.0,
     seed: int = 0,
     confidence: float = CONFIDENCE,
 ) -> dict[str, Any]:
@@ -112,7 +112,7 @@ def closer(
     real: Coded,
     holdout: Coded,
     *,
-    margin: float = 3.0,
+    margin: float = 8.0,
     seed: int = 0,
     confidence: float = CONFIDENCE,
 ) -> tuple[dict[str, Any], np.ndarray]:

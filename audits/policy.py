@@ -56,7 +56,7 @@ CHECKS: dict[str, dict[str, Any]] = {
         "rule_out_exact_excess": None,
         "max_near_excess": None,
         "rule_out_near_excess": None,
-        "margin": 3.0,
+        "margin": 8.0,
         "max_closer_excess": None,
         "rule_out_closer_excess": None,
     },

@@ -60,8 +60,8 @@ Policy format (YAML; the default is ``audits/policies/default.yaml``)::
         rule_out_exact_excess: 0.05
         max_near_excess: 0.005          # rows linked above τ: synthetic share minus HOLDOUT share
         rule_out_near_excess: 0.1
-        margin: 3.0             # paired test: a synthetic row is far closer to REAL than to HOLDOUT by > e^3
-        max_closer_excess: 0.002        # share far closer to REAL minus share far closer to HOLDOUT
+        margin: 8.0             # paired test: a synthetic row is far closer to REAL than to HOLDOUT by > e^8
+        max_closer_excess: 0.005        # share far closer to REAL minus share far closer to HOLDOUT
         rule_out_closer_excess: 0.05
       vulnerable_records:       # audits.leaks.vulnerable: the k most unusual REAL rows vs HOLDOUT's
         k: 100
