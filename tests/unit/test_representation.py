@@ -120,6 +120,24 @@ def test_declared_cells_release_nothing_and_encode_missing_as_a_cell():
     pd.testing.assert_frame_equal(back, df.assign(vehicle_age=df["vehicle_age"].astype("Int64")), check_dtype=False)
 
 
+def test_preflight_layout_counts_declared_cells_and_lower_bounds_released_ones():
+    from lightning_dp.preflight import schema_layout
+
+    declared = Schema([Column("premium", "continuous", bounds=[0, 20000], spikes=[0], bins=[0, 100, 1000, 20000]),
+                       Column("vehicle_age", "continuous", bounds=[0, 30], integer=True, missing=True),
+                       Column("kind", "categorical", categories=["home", "vehicle"])], missing_values=["?"])
+    width = lambda layout: layout["n_continuous"] + sum(layout["block_sizes"])  # noqa: E731
+    assert width(schema_layout(declared)) == 2 + 2 + 2  # minmax: two numbers, vehicle_age's indicator, kind
+    cells = schema_layout(declared, "cells")
+    # premium's 4 cells are exact; vehicle_age's cells come from a later release: counted as its min-max width
+    assert cells["block_sizes"] == [2, 4, 2] and width(cells) == 2 + 8
+    assert schema_layout(declared, "cells", ["premium"])["block_sizes"] == [2, 2]  # as a model's min-max column
+    released = TabularEncoder(Schema([declared["premium"], Column("vehicle_age", "continuous", bounds=[0, 30],
+                                                                  integer=True, missing=True, spikes=[], bins=[0, 30]),
+                                      declared["kind"]], missing_values=["?"]), representation="cells")
+    assert released.dim >= width(cells)  # the fewest cells a release gives (one bin + missing) is not narrower
+
+
 def test_fine_grid_of_a_short_integer_column_is_every_value():
     col = Column("h", "continuous", bounds=[1, 99], integer=True)
     grid = fine_grid(col)
