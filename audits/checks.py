@@ -311,9 +311,17 @@ COPIES_NEAR = (
     "share of synthetic rows linked to a REAL row above the HOLDOUT-calibrated match weight τ, minus that of "
     "HOLDOUT rows"
 )
+COPIES_CLOSER = (
+    "share of synthetic rows whose best REAL match beats their best HOLDOUT match by a likelihood ratio above "
+    "e^margin, minus the share where HOLDOUT's beats REAL's by as much (REAL in chunks of HOLDOUT's size)"
+)
 SINGLED_OUT = (
     "share of the most unusual REAL rows singled out by a synthetic row (equal in all but a few columns, and matched "
     "better than by any other real row), minus that of the most unusual HOLDOUT rows"
+)
+SINGLING_OUT = (
+    "share of predicates that pick out one synthetic row and pick out one REAL row (Anonymeter's singling out), minus "
+    "the share that pick out one HOLDOUT row (both sets of the same size)"
 )
 LINKED = "share of member candidates linked through the synthetic rows (Anonymeter), minus that of non-members"
 NEWCOMBE = "Newcombe hybrid score interval of a difference of proportions"
@@ -325,12 +333,14 @@ def _weights(inputs: AuditInputs, opts: dict[str, Any]) -> MatchWeights:
 
 def copies(inputs: AuditInputs, cands: Candidates, opts: dict[str, Any], ctx: Context, tick: Tick) -> CheckResult:
     """Exact and near copies of REAL rows among ALL synthetic rows, HOLDOUT as control (:func:`audits.leaks.copies`)."""
+    both = pd.concat([inputs.real, inputs.holdout], ignore_index=True)  # symmetric in REAL and HOLDOUT
     res = leaks.copies(
         inputs.synthetic,
         inputs.real,
         inputs.holdout,
-        weights=_weights(inputs, opts),
+        weights=MatchWeights(bins=opts["bins"]).fit(both, inputs.numeric),
         null_rate=opts["null_rate"],
+        margin=opts["margin"],
         seed=ctx.seed,
         confidence=ctx.confidence,
     )
@@ -358,9 +368,20 @@ def copies(inputs: AuditInputs, cands: Candidates, opts: dict[str, Any], ctx: Co
         method=NEWCOMBE,
         pass_limit=opts["rule_out_near_excess"],
     )
+    verdicts += ctx.decide(
+        "copies",
+        "max_closer_excess",
+        COPIES_CLOSER,
+        res["closer"]["value"],
+        res["closer"]["interval"],
+        opts["max_closer_excess"],
+        at_most=True,
+        method="normal interval of a mean of per-row signs, one pseudo-row of each sign added",
+        pass_limit=opts["rule_out_closer_excess"],
+    )
     res["match_weight"] = (
         "Fellegi–Sunter match weight (audits.linkage): agreement on a value scores log(0.9/u), u its share of REAL "
-        f"rows; numbers agree within one of {opts['bins']} quantile bins of REAL"
+        f"and HOLDOUT rows together; numbers agree within one of {opts['bins']} quantile bins of REAL and HOLDOUT"
     )
     res["n_synthetic_rows"] = len(inputs.synthetic)
     fig = copies_figure(w["synthetic"], w["holdout"], res["near"]["tau"])
@@ -400,6 +421,35 @@ def vulnerable_records(
     )
     fig = vulnerable_figure(res)
     return CheckResult(json_safe(res), {"vulnerable": fig}, verdicts)
+
+
+def singling_out(
+    inputs: AuditInputs, cands: Candidates, opts: dict[str, Any], ctx: Context, tick: Tick
+) -> CheckResult:
+    """Anonymeter's multivariate singling out, HOLDOUT (of REAL's size) as control (:func:`audits.leaks.singling_out`)."""
+    res = leaks.singling_out(
+        inputs.synthetic,
+        inputs.real,
+        inputs.holdout,
+        numeric=inputs.numeric,
+        n_attacks=opts["n_attacks"],
+        n_cols=opts["n_cols"],
+        seed=ctx.seed,
+        confidence=ctx.confidence,
+    )
+    tick()
+    verdicts = ctx.decide(
+        "singling_out",
+        "max_risk_excess",
+        SINGLING_OUT,
+        res["singled_out"]["value"],
+        res["singled_out"]["interval"],
+        opts["max_risk_excess"],
+        at_most=True,
+        method=NEWCOMBE,
+        pass_limit=opts["rule_out_risk_excess"],
+    )
+    return CheckResult(json_safe(res), {}, verdicts)
 
 
 def linkability(
@@ -773,12 +823,21 @@ REGISTRY: dict[str, CheckSpec] = {
     "copies": CheckSpec(
         copies,
         "Copies of training rows (exact and near, every synthetic row)",
-        thresholds={"max_exact_excess": (COPIES_EXACT, True), "max_near_excess": (COPIES_NEAR, True)},
+        thresholds={
+            "max_exact_excess": (COPIES_EXACT, True),
+            "max_near_excess": (COPIES_NEAR, True),
+            "max_closer_excess": (COPIES_CLOSER, True),
+        },
     ),
     "vulnerable_records": CheckSpec(
         vulnerable_records,
         "The most vulnerable records (targeted)",
         thresholds={"max_singled_out_excess": (SINGLED_OUT, True)},
+    ),
+    "singling_out": CheckSpec(
+        singling_out,
+        "Singling out (Anonymeter's definition)",
+        thresholds={"max_risk_excess": (SINGLING_OUT, True)},
     ),
     "linkability": CheckSpec(
         linkability,

@@ -48,6 +48,9 @@ VOLATILE_KEYS = (
 )
 _TIME = re.compile(r"\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}:\d{2}(?:[.,]\d+)?(?:[+-]\d{2}:\d{2}|Z)?")
 _NUMBER = re.compile(r"[-+]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?")
+# identifiers that mix letters and digits (a hash, a run id, ``fp-72b77cf3f793``): splitting their numbers out would
+# scatter them over a line's number slots, where a random id on the same line hides a deterministic one
+_TOKEN = re.compile(r"[A-Za-z0-9_-]*(?:[A-Za-z][A-Za-z0-9_-]*\d|\d[A-Za-z0-9_-]*[A-Za-z])[A-Za-z0-9_-]*")
 
 
 # ------------------------------------------------------------------------------------------ artefacts
@@ -142,6 +145,8 @@ def _text_numbers(text: str) -> dict[str, Any]:
         out[f"line{i}"] = _NUMBER.sub("#", line)
         for j, num in enumerate(_NUMBER.findall(line)):
             out[f"line{i}/{j}"] = float(num)
+    for token in sorted(set(_TOKEN.findall(text))):  # present or absent, wherever it stands
+        out[f"token:{token}"] = 1.0
     return out
 
 

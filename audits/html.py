@@ -519,6 +519,16 @@ def _copies(c: dict[str, Any]) -> str:
         f"same way are the control. Near copies: best match weight above τ = {fmt(c['near']['tau'])}, which a fresh "
         f"HOLDOUT row exceeds with probability {fmt(c['near']['null_rate'])} ({esc(c['match_weight'])}).</p>"
         + _excess_table([("exact copies", c["exact"]), ("near copies (weight > τ)", c["near"])])
+        + _closer(c["closer"])
+    )
+
+
+def _closer(k: dict[str, Any]) -> str:
+    return (
+        f"<p>Paired test: REAL in {k['chunks']} chunk(s) of {k['chunk_rows']} rows, HOLDOUT sampled to as many. "
+        f"Synthetic rows whose best REAL match beats their best HOLDOUT match by more than {fmt(k['margin'])} "
+        f"(log-likelihood ratio): {fmt(k['real_ahead'])} of {k['rows']}; the reverse: {fmt(k['holdout_ahead'])}. "
+        f"Excess {fmt(k['value'])}, interval {_ci(k['interval'])}.</p>"
     )
 
 
@@ -527,6 +537,15 @@ def _vulnerable(c: dict[str, Any]) -> str:
         f"<p>The {c['k']} most unusual REAL rows ({esc(c['rule'])}) are always examined, against the {c['k']} most "
         "unusual HOLDOUT rows as control. A record is singled out when a synthetic row matches it better than any "
         "other real row does.</p>" + _excess_table([("singled out", c["singled_out"])])
+    )
+
+
+def _singling_out(c: dict[str, Any]) -> str:
+    return (
+        f"<p>{c['queries']} predicates on {c['n_cols']} columns, each picking out exactly one synthetic row, are "
+        f"evaluated on {c['reference_rows']} REAL rows and as many HOLDOUT rows (control). Anonymeter's risk "
+        f"(r_main − r_control)/(1 − r_control) = {fmt(c['anonymeter_risk'])}.</p>"
+        + _excess_table([("singled out", c["singled_out"])])
     )
 
 
@@ -542,6 +561,7 @@ BODIES = {
     "membership": _membership,
     "copies": _copies,
     "vulnerable_records": _vulnerable,
+    "singling_out": _singling_out,
     "linkability": _linkability,
     "presence_disclosure": _presence,
     "attribute_disclosure": _attribute,

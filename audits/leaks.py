@@ -13,6 +13,9 @@ two proportions (:func:`audits.verdicts.difference_interval`). Rows are compared
   HOLDOUT rows, where τ is the ``1 − null_rate`` quantile of the best weights of the other half of HOLDOUT
   (so a fresh row from the population exceeds τ with probability ``null_rate``, and the excess of an honest
   generator, whose rows are no closer to REAL than fresh rows are, is ≤ 0).
+* :func:`closer`: a paired test on every synthetic row: is its best match in REAL far better (by a likelihood
+  ratio ``e^margin``) than its best match in HOLDOUT, more often than the reverse? (REAL in chunks of HOLDOUT's
+  size; the null is symmetric.) It has the power the threshold test lacks on near copies of typical rows.
 * :func:`vulnerable`: the ``k`` most unusual REAL rows and, as control, the ``k`` most unusual HOLDOUT rows, by a
   fixed rule (the self-information ``Σ_j −log u_j(x_j)`` of their values among REAL's: rare values, a rare
   combination of them), are always examined (targeted, not averaged over random candidates, following Stadler
@@ -21,6 +24,8 @@ two proportions (:func:`audits.verdicts.difference_interval`). Rows are compared
   matches it better than every other real row (REAL and HOLDOUT but itself) does: a synthetic row closer to it
   than real rows sit to each other. (Without the first condition a fresh row beats the real rows for about a
   third of unusual records, as many rows being drawn: too common to see copies.)
+* :func:`singling_out`: Anonymeter's multivariate singling out (predicates on a few columns that pick out one
+  synthetic row: do they pick out one REAL row?), against HOLDOUT of the same size as control.
 * :func:`linkability`: Anonymeter's linkability attack (Giomi et al., "A Unified Framework for Quantifying
   Privacy Risk in Synthetic Data", 2022), our implementation of its definition: the columns split into two sets
   of auxiliary information; a target is linked when its best synthetic match on the first set is the same
@@ -68,20 +73,25 @@ def copies(
     *,
     weights: MatchWeights,
     null_rate: float = 0.01,
+    margin: float = 8.0,
     seed: int = 0,
     confidence: float = CONFIDENCE,
 ) -> dict[str, Any]:
-    """Exact and near copies of REAL among ALL synthetic rows, against HOLDOUT as the control (module docstring).
+    """Exact and near copies of REAL among ALL synthetic rows, against HOLDOUT as the control (module docstring),
+    and the paired test :func:`closer`. ``weights`` should be fitted on REAL and HOLDOUT together, so that the
+    coding treats both alike (fitted on REAL alone, a value REAL lacks agrees as a rarity with HOLDOUT rows only,
+    which biases :func:`closer` towards HOLDOUT).
 
     Returns:
-        ``{"exact": excess, "near": excess + {"tau", "null_rate"}, "weights": {"synthetic", "holdout"}}`` where
-        the last holds each row's best match weight to REAL (for the report's figure).
+        ``{"exact": excess, "near": excess + {"tau", "null_rate"}, "closer": ..., "weights": {"synthetic",
+        "holdout"}}`` where the last holds each row's best match weight to REAL (for the report's figure).
     """
     h_real = row_hashes(real)
     exact_syn = int(np.isin(row_hashes(synthetic), h_real).sum())
     exact_hold = int(np.isin(row_hashes(holdout), h_real).sum())
     ref = weights.transform(real)
-    w_syn, _ = best_matches(weights.transform(synthetic), ref)
+    s = weights.transform(synthetic)
+    closer_res, w_syn = closer(s, ref, weights.transform(holdout), margin=margin, seed=seed, confidence=confidence)
     w_hold, _ = best_matches(weights.transform(holdout), ref)
     order = np.random.default_rng(seed).permutation(len(holdout))
     calib, control = order[: len(order) // 2], order[len(order) // 2 :]
@@ -92,8 +102,68 @@ def copies(
     return {
         "exact": excess(exact_syn, len(synthetic), exact_hold, len(holdout), confidence),
         "near": {**near, "tau": tau, "null_rate": null_rate, "calibration_rows": len(calib)},
+        "closer": closer_res,
         "weights": {"synthetic": w_syn, "holdout": w_hold[control]},
     }
+
+
+def closer(
+    synthetic: Coded,
+    real: Coded,
+    holdout: Coded,
+    *,
+    margin: float = 8.0,
+    seed: int = 0,
+    confidence: float = CONFIDENCE,
+) -> tuple[dict[str, Any], np.ndarray]:
+    """Paired test: is each synthetic row's best REAL match far better than its best HOLDOUT match more often than
+    the reverse?
+
+    REAL is split at random into ``c = round(|REAL| / |HOLDOUT|)`` disjoint chunks of ``n = min(|HOLDOUT|,
+    ⌊|REAL| / c⌋)`` rows and HOLDOUT subsampled to ``n`` rows, so that every chunk and the HOLDOUT sample are sets of
+    the same size from the same population. For a synthetic row x and chunk A, ``D = w_A(x) − w_H(x)`` (best match
+    weights, log-likelihood ratios): under the null "the synthetic rows carry no information about which real rows
+    were trained on" ``D`` is symmetric, so ``P(D > margin) = P(D < −margin)``. A copy or near copy of a row of A
+    has ``D`` far above ``margin`` (its source is in A, no HOLDOUT row is that close). The statistic is the mean
+    over synthetic rows of ``s(x) = mean over chunks of ([D > margin] − [D < −margin])``: the share of rows
+    clearly closer to REAL minus the share clearly closer to HOLDOUT. It compares each synthetic row with its own
+    neighbourhood, so that common profiles (close to many real rows of both sets) cancel, which a threshold on
+    ``w_REAL`` alone (:func:`copies`' near copies) cannot do. Interval: the normal interval of a mean with one
+    pseudo-row of each sign added (so that it never collapses to a point when no row is far on either side).
+
+    Returns:
+        ``(result, w_real)``: the result dict and each synthetic row's best weight to ALL of REAL (the max over
+        the chunks and the rows left over), reused by :func:`copies`.
+    """
+    rng = np.random.default_rng(seed + 1)
+    c = max(1, round(len(real) / len(holdout)))
+    n = min(len(holdout), len(real) // c)
+    perm = rng.permutation(len(real))
+    w_h, _ = best_matches(synthetic, holdout.subset(np.sort(rng.choice(len(holdout), n, replace=False))))
+    per_chunk = [best_matches(synthetic, real.subset(perm[i * n : (i + 1) * n]))[0] for i in range(c)]
+    rest = perm[c * n :]
+    w_real = np.max(per_chunk + ([best_matches(synthetic, real.subset(rest))[0]] if len(rest) else []), axis=0)
+    ahead = sum((w > w_h + margin).astype(float) for w in per_chunk) / c
+    behind = sum((w < w_h - margin).astype(float) for w in per_chunk) / c
+    score = np.concatenate([ahead - behind, [1.0, -1.0]])
+    value = float((ahead - behind).mean())
+    half = float(_z(confidence) * score.std(ddof=1) / np.sqrt(len(score)))
+    return {
+        "value": value,
+        "interval": [value - half, value + half],
+        "real_ahead": float(ahead.sum()),
+        "holdout_ahead": float(behind.sum()),
+        "rows": len(ahead),
+        "margin": margin,
+        "chunks": c,
+        "chunk_rows": n,
+    }, w_real
+
+
+def _z(confidence: float) -> float:
+    from scipy.stats import norm
+
+    return float(norm.ppf(0.5 + confidence / 2))
 
 
 def most_unusual(coded: Coded, k: int) -> np.ndarray:
@@ -184,3 +254,87 @@ def linkability(
     r_main, r_ctrl = out["main"]["rate"], out["control"]["rate"]
     risk = (r_main - r_ctrl) / (1.0 - r_ctrl) if r_ctrl < 1 else 0.0
     return {"linked": out, "anonymeter_risk": risk, "aux_columns": [list(a) for a in aux]}
+
+
+def _columns_as_arrays(frames: list[pd.DataFrame], numeric: list[str]) -> list[dict[str, np.ndarray]]:
+    """Per frame, per column: numbers as float64 (NaN missing), categories as shared integer codes (-1 missing)."""
+    out: list[dict[str, np.ndarray]] = [{} for _ in frames]
+    for c in frames[0].columns:
+        if c in numeric:
+            for o, f in zip(out, frames):
+                o[c] = pd.to_numeric(f[c], errors="coerce").to_numpy(float)
+        else:
+            codes, _ = pd.factorize(pd.concat([f[c].astype(object) for f in frames], ignore_index=True))
+            start = 0
+            for o, f in zip(out, frames):
+                o[c] = codes[start : start + len(f)]
+                start += len(f)
+    return out
+
+
+def _matches(arrays: dict[str, np.ndarray], query: tuple[tuple[str, str, float], ...]) -> int:
+    """How many rows satisfy every ``(column, op, value)`` of ``query`` (op: ``==``, ``<=``, ``>=``, ``na``)."""
+    mask = None
+    for c, op, v in query:
+        x = arrays[c]
+        m = (
+            np.isnan(x) if op == "na" else (x <= v) if op == "<=" else (x >= v) if op == ">=" else (x == v)
+        )
+        mask = m if mask is None else mask & m
+    return int(mask.sum())
+
+
+def singling_out(
+    synthetic: pd.DataFrame,
+    real: pd.DataFrame,
+    holdout: pd.DataFrame,
+    *,
+    numeric: list[str],
+    n_attacks: int = 500,
+    n_cols: int = 3,
+    seed: int = 0,
+    confidence: float = CONFIDENCE,
+) -> dict[str, Any]:
+    """Anonymeter's multivariate singling-out attack (Giomi et al. 2022, §"Singling out"), with an equal-size control.
+
+    A *query* is built from a random synthetic row and ``n_cols`` random columns: a category must equal the row's,
+    a number must be ``≤`` its value when that is at most the synthetic column's median and ``≥`` it otherwise (a
+    missing value must be missing). Queries that match exactly ONE synthetic row are kept (up to ``n_attacks``
+    distinct ones, at most ``50·n_attacks`` tries); a query *singles out* a set when it matches exactly one of its
+    rows. Main: the share of queries singling out a random subset of REAL of HOLDOUT's size; control: the share
+    singling out HOLDOUT (the larger of the two is subsampled to the smaller's size, so that the null "the
+    synthetic rows carry no information about REAL" gives equal rates: the chance that a predicate picks exactly one
+    row depends on the set's size). Anonymeter's risk ``(r_main − r_control) / (1 − r_control)`` is reported beside
+    the excess.
+
+    Returns:
+        ``{"singled_out": excess, "anonymeter_risk", "queries", "n_cols", "reference_rows"}``.
+    """
+    rng = np.random.default_rng(seed)
+    n = min(len(real), len(holdout))
+    r = real.iloc[np.sort(rng.choice(len(real), n, replace=False))]
+    h = holdout.iloc[np.sort(rng.choice(len(holdout), n, replace=False))]
+    cols = list(synthetic.columns)
+    syn, ref, ctl = _columns_as_arrays([synthetic, r, h], numeric)
+    medians = {c: float(np.nanmedian(syn[c])) for c in numeric if np.isfinite(syn[c]).any()}
+    k = min(n_cols, len(cols))
+    queries: set[tuple[tuple[str, str, float], ...]] = set()
+    for _ in range(50 * n_attacks):
+        if len(queries) >= n_attacks:
+            break
+        i = int(rng.integers(len(synthetic)))
+        query = []
+        for c in sorted(rng.choice(cols, k, replace=False)):
+            v = float(syn[c][i])
+            op = "==" if c not in numeric else "na" if np.isnan(v) else "<=" if v <= medians.get(c, v) else ">="
+            query.append((str(c), op, v))
+        q = tuple(query)
+        if q not in queries and _matches(syn, q) == 1:
+            queries.add(q)
+    if not queries:
+        raise ValueError("singling_out: no query singles out one synthetic row (too few or identical rows).")
+    hits = [sum(_matches(a, q) == 1 for q in queries) for a in (ref, ctl)]
+    out = excess(hits[0], len(queries), hits[1], len(queries), confidence)
+    r_main, r_ctrl = out["main"]["rate"], out["control"]["rate"]
+    risk = (r_main - r_ctrl) / (1.0 - r_ctrl) if r_ctrl < 1 else 0.0
+    return {"singled_out": out, "anonymeter_risk": risk, "queries": len(queries), "n_cols": k, "reference_rows": n}

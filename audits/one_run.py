@@ -236,8 +236,9 @@ def one_run(
     folder.mkdir(parents=True, exist_ok=True)
     train_rows = pd.concat([dm.train_frame, drawn[included]], ignore_index=True)
     train_rows = train_rows.iloc[rng.permutation(len(train_rows))]  # canaries not at the end
-    train_rows.to_csv(folder / "train.csv", index=False)
-    dm.holdout.to_csv(folder / "holdout.csv", index=False)
+    na = schema.missing_values[0] if schema.missing_values else ""  # missing cells as the schema reads them
+    train_rows.to_csv(folder / "train.csv", index=False, na_rep=na)
+    dm.holdout.to_csv(folder / "holdout.csv", index=False, na_rep=na)
     import yaml
 
     (folder / "schema.yaml").write_text(yaml.safe_dump(schema.to_dict(), sort_keys=False))

@@ -56,6 +56,9 @@ CHECKS: dict[str, dict[str, Any]] = {
         "rule_out_exact_excess": None,
         "max_near_excess": None,
         "rule_out_near_excess": None,
+        "margin": 8.0,
+        "max_closer_excess": None,
+        "rule_out_closer_excess": None,
     },
     "vulnerable_records": {
         "k": 100,
@@ -63,6 +66,12 @@ CHECKS: dict[str, dict[str, Any]] = {
         "bins": 500,
         "max_singled_out_excess": None,
         "rule_out_singled_out_excess": None,
+    },
+    "singling_out": {
+        "n_attacks": 500,
+        "n_cols": 3,
+        "max_risk_excess": None,
+        "rule_out_risk_excess": None,
     },
     "linkability": {
         "aux_columns": None,
@@ -305,7 +314,10 @@ def _check_values(name: str, opts: dict[str, Any], source: str) -> None:
                 f"{where}.{key} must come with max_{key[len('rule_out_'):]} and be at least as large (it is the leak "
                 f"a pass rules out; max_ the one a fail confirms), got {value!r} with max_ {limit!r}."
             )
-    for key in ("max_exact_excess", "max_near_excess", "max_singled_out_excess", "max_linked_excess"):
+    for key in (
+        "max_exact_excess", "max_near_excess", "max_singled_out_excess", "max_linked_excess", "max_risk_excess",
+        "max_closer_excess",
+    ):
         value = opts.get(key)
         if value is not None and not -1.0 <= float(value) <= 1.0:
             raise PolicyError(f"{where}.{key} must be in [-1, 1] (a difference of rates), got {value!r}.")
@@ -313,10 +325,17 @@ def _check_values(name: str, opts: dict[str, Any], source: str) -> None:
         raise PolicyError(f"{where}.bins must be an integer >= 2, got {opts['bins']!r}.")
     if name == "copies" and not (_is_number(opts["null_rate"]) and 0 < opts["null_rate"] < 0.5):
         raise PolicyError(f"{where}.null_rate must be in (0, 0.5), e.g. 0.01, got {opts['null_rate']!r}.")
+    if name == "copies" and not (_is_number(opts["margin"]) and opts["margin"] > 0):
+        raise PolicyError(f"{where}.margin must be a log-likelihood ratio > 0, e.g. 3, got {opts['margin']!r}.")
     if name == "vulnerable_records" and not _is_int(opts["k"], 10):
         raise PolicyError(f"{where}.k must be an integer >= 10, got {opts['k']!r}.")
     if name == "vulnerable_records" and not _is_int(opts["max_differences"], 0):
         raise PolicyError(f"{where}.max_differences must be an integer >= 0, got {opts['max_differences']!r}.")
+    if name == "singling_out" and not (_is_int(opts["n_attacks"], 50) and _is_int(opts["n_cols"], 1)):
+        raise PolicyError(
+            f"{where}.n_attacks must be an integer >= 50 and n_cols >= 1 (e.g. 500 and 3), got "
+            f"{opts['n_attacks']!r} and {opts['n_cols']!r}."
+        )
     if name == "linkability" and opts["aux_columns"] is not None:
         aux = opts["aux_columns"]
         if not (isinstance(aux, list) and len(aux) == 2 and all(_names(a) and a for a in aux)):

@@ -60,12 +60,20 @@ Policy format (YAML; the default is ``audits/policies/default.yaml``)::
         rule_out_exact_excess: 0.05
         max_near_excess: 0.005          # rows linked above τ: synthetic share minus HOLDOUT share
         rule_out_near_excess: 0.1
+        margin: 8.0             # paired test: a synthetic row is far closer to REAL than to HOLDOUT by > e^8
+        max_closer_excess: 0.005        # share far closer to REAL minus share far closer to HOLDOUT
+        rule_out_closer_excess: 0.05
       vulnerable_records:       # audits.leaks.vulnerable: the k most unusual REAL rows vs HOLDOUT's
         k: 100
         max_differences: 2      # a synthetic match equal in all but at most 2 columns singles a record out
         bins: 500
         max_singled_out_excess: 0.05
         rule_out_singled_out_excess: 0.25
+      singling_out:             # audits.leaks.singling_out (Anonymeter's multivariate attack), HOLDOUT as control
+        n_attacks: 500          # predicates that pick out one synthetic row
+        n_cols: 3               # columns per predicate
+        max_risk_excess: 0.05   # share picking out one REAL row minus one HOLDOUT row (sets of equal size)
+        rule_out_risk_excess: 0.2
       linkability:              # audits.leaks.linkability (Anonymeter's definition), non-members as control
         aux_columns: null       # two lists of columns; null: alternate columns
         bins: 500
@@ -158,6 +166,8 @@ FROM_REAL_ROWS = {  # section of the report -> what in it is computed from real 
     "rows, the threshold τ from HOLDOUT's weights, and the counts above it",
     "checks.vulnerable_records": "the most unusual REAL and HOLDOUT rows' self-information and their best match "
     "weights to synthetic and to other real rows, and how many were singled out",
+    "checks.singling_out": "how many of the predicates built from synthetic rows pick out exactly one REAL row and "
+    "one HOLDOUT row",
     "checks.linkability": "how many REAL and HOLDOUT candidates were linked through the synthetic rows",
     "checks.lmdp_mmd": "MMD², p-value and bandwidth of a test of REAL against synthetic columns, clipped and "
     "scaled with REAL's quantiles",

@@ -31,6 +31,10 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
+import subprocess
+import sys
+import tempfile
 import time
 from collections import Counter
 from pathlib import Path
@@ -40,6 +44,8 @@ import pandas as pd
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
+ANONYMETER_VENV = ROOT / "bench" / ".anonymeter-venv"
+ANONYMETER = "anonymeter==1.1.0"
 CELLS = ("dp_merf", "pearl", "exact_1pct", "near_5pct", "outliers_50", "real_resampled")
 LABELS = {
     "dp_merf": "DP-MERF at ε = 1 (should pass)",
@@ -53,6 +59,8 @@ SMALL = 1000
 STATS = {  # column -> (check, criterion); the verdict's value
     "exact": ("copies", "max_exact_excess"),
     "near": ("copies", "max_near_excess"),
+    "closer": ("copies", "max_closer_excess"),
+    "singling out": ("singling_out", "max_risk_excess"),
     "singled out": ("vulnerable_records", "max_singled_out_excess"),
     "linked": ("linkability", "max_linked_excess"),
 }
@@ -157,6 +165,7 @@ def audit(
         "verdicts": verdicts,
         "seconds": round(time.time() - t0, 1),
         "anonymeter_risk": linkability.get("anonymeter_risk"),
+        "singling_out_risk": report["checks"].get("singling_out", {}).get("anonymeter_risk"),
     }
 
 
@@ -178,7 +187,34 @@ def typed_synthetic(path: Path, real: pd.DataFrame, holdout: pd.DataFrame, schem
     return out["synthetic"]
 
 
-def run(seeds: list[int], sizes: list[str], cache: Path) -> list[dict]:
+def anonymeter_python() -> Path:
+    """Anonymeter's interpreter, creating ``bench/.anonymeter-venv`` on first use (Anonymeter 1.1 pins numpy < 2
+    and pandas < 3.1: never a dependency of the project, never installed in its environment)."""
+    python = ANONYMETER_VENV / "bin" / "python"
+    if not python.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(ANONYMETER_VENV)], check=True)
+        subprocess.run([str(python), "-m", "pip", "install", "-q", ANONYMETER], check=True)
+    return python
+
+
+def anonymeter(synthetic: pd.DataFrame, real: pd.DataFrame, holdout: pd.DataFrame, seed: int) -> dict:
+    """Anonymeter's own singling-out and linkability risks (bench/anonymeter_worker.py in its venv, one thread),
+    with the auxiliary columns of our ``linkability`` check (alternate columns)."""
+    cols = list(real.columns)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1", "PYTHONPATH": ""}
+    with tempfile.TemporaryDirectory() as tmp:
+        d = Path(tmp)
+        for name, frame in (("s", synthetic), ("r", real), ("h", holdout)):
+            frame.to_csv(d / f"{name}.csv", index=False)
+        (d / "aux.json").write_text(json.dumps([cols[0::2], cols[1::2]]))
+        cmd = [str(anonymeter_python()), str(ROOT / "bench" / "anonymeter_worker.py"), "--seed", str(seed)]
+        for flag, name in (("synthetic", "s.csv"), ("real", "r.csv"), ("holdout", "h.csv"), ("aux", "aux.json")):
+            cmd += [f"--{flag}", str(d / name)]
+        subprocess.run([*cmd, "--out", str(d / "out.json")], check=True, env=env, cwd=tmp)
+        return json.loads((d / "out.json").read_text())
+
+
+def run(seeds: list[int], sizes: list[str], cache: Path, anonymeter_sizes: list[str] = ()) -> list[dict]:
     real, holdout, numeric, schema = frames()
     rows = []
     for seed in seeds:  # seed by seed: every seed's cells are done before the next seed's trainings
@@ -198,12 +234,17 @@ def run(seeds: list[int], sizes: list[str], cache: Path) -> list[dict]:
                 r, h, b = real, holdout, base
             for cell in CELLS:
                 key = cache / f"audit_{cell}_{size}_s{seed}.json"
-                if key.exists():
-                    rows.append(json.loads(key.read_text()))
+                res = json.loads(key.read_text()) if key.exists() else None
+                if res is not None and (size not in anonymeter_sizes or "anonymeter" in res):
+                    rows.append(res)
                     continue
                 syn = b["pearl"] if cell == "pearl" else plant(cell, b["dp_merf"], r, numeric, seed)
-                res = {"cell": cell, "size": size, "seed": seed, **audit(syn, r, h, numeric, seed)}
-                logging.warning("%s %s seed %d: %s (%.0f s)", cell, size, seed, res["status"], res["seconds"])
+                if res is None:
+                    res = {"cell": cell, "size": size, "seed": seed, **audit(syn, r, h, numeric, seed)}
+                    logging.warning("%s %s seed %d: %s (%.0f s)", cell, size, seed, res["status"], res["seconds"])
+                if size in anonymeter_sizes:
+                    res["anonymeter"] = anonymeter(syn, r, h, seed)
+                    logging.warning("%s %s seed %d: Anonymeter %s", cell, size, seed, res["anonymeter"])
                 key.write_text(json.dumps(res))
                 rows.append(res)
     return rows
@@ -219,7 +260,9 @@ def table(rows: list[dict], sizes: list[str]) -> str:
     """Markdown: per cell and size, verdict counts over seeds, the checks that failed, median statistics."""
     head = (
         "| synthetic set | size | seeds | pass | fail | inconclusive | failed checks (seeds) | exact excess | near excess "
-        "| singled out excess | linked excess (Anonymeter risk) | max membership AUC | audit s |"
+        "| closer excess | singled out excess (targeted) | singling out excess (Anonymeter risk) "
+        "| linked excess (Anonymeter risk) | Anonymeter 1.1: singling out / linkability risk "
+        "| max membership AUC | audit s |"
     )
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for cell in CELLS:
@@ -243,14 +286,23 @@ def table(rows: list[dict], sizes: list[str]) -> str:
                 return f"{np.median(vals):.4f}" if vals else "–"
 
             risk = [r["anonymeter_risk"] for r in mine if r.get("anonymeter_risk") is not None]
+            so_risk = [r["singling_out_risk"] for r in mine if r.get("singling_out_risk") is not None]
+            theirs = [r["anonymeter"] for r in mine if "anonymeter" in r]
+            if theirs:
+                so = np.median([a["singling_out"]["risk"] for a in theirs])
+                li = np.median([a["linkability"]["risk"] for a in theirs])
+                anon = f"{so:.3f} / {li:.3f} ({len(theirs)} seeds)"
+            else:
+                anon = "–"
             which = ", ".join(f"{k} ({n})" for k, n in failed.most_common()) or "–"
             if incon:
                 which += "; inconclusive: " + ", ".join(f"{k} ({n})" for k, n in incon.most_common())
             lines.append(
                 f"| {LABELS[cell]} | {size} | {len(mine)} | {counts['pass']} | {counts['fail']} | "
                 f"{counts['inconclusive']} | {which} | {med(*STATS['exact'])} | {med(*STATS['near'])} | "
-                f"{med(*STATS['singled out'])} | {med(*STATS['linked'])} "
-                f"({np.median(risk):.3f}) | {med('membership', 'max_auc')} | "
+                f"{med(*STATS['closer'])} | {med(*STATS['singled out'])} | {med(*STATS['singling out'])} "
+                f"({np.median(so_risk) if so_risk else float('nan'):.3f}) | {med(*STATS['linked'])} "
+                f"({np.median(risk):.3f}) | {anon} | {med('membership', 'max_auc')} | "
                 f"{np.median([r['seconds'] for r in mine]):.0f} |"
             )
     return "\n".join(lines)
@@ -262,6 +314,10 @@ def main() -> None:
     parser.add_argument("--sizes", nargs="+", default=["full", "small"], choices=["full", "small"])
     parser.add_argument("--cache", default=str(ROOT / "outputs" / "audit_power"))
     parser.add_argument("--table-only", action="store_true", help="print the table of the cached audits only")
+    parser.add_argument(
+        "--anonymeter", nargs="*", default=[], choices=["full", "small"],
+        help="sizes at which Anonymeter 1.1 itself also runs (in bench/.anonymeter-venv)",
+    )
     args = parser.parse_args()
     if args.table_only:
         rows = [json.loads(p.read_text()) for p in sorted(Path(args.cache).glob("audit_*.json"))]
@@ -271,9 +327,15 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     cache = Path(args.cache)
     cache.mkdir(parents=True, exist_ok=True)
-    rows = run(args.seeds, args.sizes, cache)
+    # trainings spend from a throwaway budget registry in the cache, never the user's
+    os.environ.setdefault("LIGHTNING_DP_REGISTRY", str(cache / "budget.sqlite"))
+    os.environ.setdefault("LIGHTNING_DP_DEFAULT_BUDGET", "1000000")
+    rows = run(args.seeds, args.sizes, cache, args.anonymeter)
     print(table(rows, args.sizes))
 
 
 if __name__ == "__main__":
+    from lightning_dp.budget import throwaway_registry
+
+    throwaway_registry()  # many trainings on public benchmark data: never the user's budget registry
     main()

@@ -13,6 +13,12 @@ read back.
     python bench/e2e_privacy.py --config support_points --format parquet --runs 300   # Parquet, int → float row
     python bench/e2e_privacy.py --config tune --format csv_missing --runs 300          # pandas CSV, "79" → "79.0"
 
+A long audit can run in pieces (a shared machine's job slots are short): each piece saves its runs, and the bound
+is computed over all of them (each run draws fresh noise, so pieces are independent runs like any other)::
+
+    python bench/e2e_privacy.py --config tune --format csv_missing --runs 100 --save /tmp/tune_1.pkl   # × 3
+    python bench/e2e_privacy.py --config tune --format csv_missing --merge /tmp/tune_*.pkl
+
 File formats (``--format``): ``csv`` (the planted row is a row like any other); ``csv_missing`` (a CSV written by
 pandas in which the integer column ``mean area`` holds whole numbers: the planted row leaves it missing, so pandas
 writes every other value of the column as ``1001.0`` instead of ``1001``); ``parquet`` (the same column stored as
@@ -29,6 +35,8 @@ Prints, per artefact, the ε lower bound (95%, jointly over artefacts) against t
 from __future__ import annotations
 
 import argparse
+import os
+import pickle
 import shutil
 import tempfile
 import time
@@ -161,6 +169,9 @@ def main() -> None:
     parser.add_argument("--report-every", type=int, default=0,
                         help="also print the worst bound every N runs per side (a long run's partial figures)")
     parser.add_argument("--set", nargs="*", default=[], help="extra Hydra overrides")
+    parser.add_argument("--save", type=Path, help="write this piece's runs to FILE (every 25 runs per side)")
+    parser.add_argument("--merge", type=Path, nargs="+",
+                        help="no runs: the bound over the runs these --save files hold (this bench's own files)")
     args = parser.parse_args()
     import logging
 
@@ -176,20 +187,38 @@ def main() -> None:
         for leak in leaks[:40]:
             print("  ", leak)
         return
+    if args.merge:
+        runs = [run for path in args.merge for run in pickle.loads(path.read_bytes())]  # files this bench wrote
+        report(runs, args, cfg, len(runs) // 2, f"{len(args.merge)} pieces merged")
+        return
     runs = []
     for i in range(args.runs):
         runs.append(Run(run_once(cfg, p_path, work / "run"), with_canary=True))
         runs.append(Run(run_once(cfg, d_path, work / "run"), with_canary=False))
         if (i + 1) % 25 == 0:
             print(f"  {i + 1} runs per side, {time.time() - start:.0f} s", flush=True)
+            if args.save:
+                save(runs, args.save)
         if args.report_every and (i + 1) % args.report_every == 0 and i + 1 < args.runs:
             worst = epsilon_lower_bounds(runs, delta=DELTA)[0]
             print(f"  partial, {i + 1} runs per side: max ε lower bound {worst.epsilon_lower_bound:.3f} "
                   f"({worst.artefact})", flush=True)
+    if args.save:
+        save(runs, args.save)
+    report(runs, args, cfg, args.runs, f"{time.time() - start:.0f} s")
+
+
+def save(runs: list[Run], path: Path) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(pickle.dumps(runs))
+    os.replace(tmp, path)
+
+
+def report(runs: list[Run], args: argparse.Namespace, cfg: DictConfig, per_side: int, how: str) -> None:
     claimed = float(cfg.privacy.epsilon)
     bounds = epsilon_lower_bounds(runs, delta=DELTA)
-    print(f"\n{args.config} ({args.format}): {args.runs} runs per side on D and D' = D + 1 row; claimed ε = {claimed:g}, δ = {DELTA:g}; "
-          f"{time.time() - start:.0f} s")
+    print(f"\n{args.config} ({args.format}): {per_side} runs per side on D and D' = D + 1 row; claimed ε = {claimed:g}, "
+          f"δ = {DELTA:g}; {how}")
     print("| artefact | ε lower bound (95%) | FP / FN of n | selection-half bound | top features |")
     print("|---|---|---|---|---|")
     for b in bounds:
@@ -200,4 +229,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    from lightning_dp.budget import throwaway_registry
+
+    throwaway_registry()  # many trainings on public benchmark data: never the user's budget registry
     main()

@@ -9,7 +9,6 @@ release, and :func:`check_space` again before training with the model's real siz
 from __future__ import annotations
 
 import logging
-import math
 import os
 import shutil
 import tempfile
@@ -23,25 +22,16 @@ from lightning_dp.errors import ConfigError
 from lightning_dp.models import MODELS, check_model_config, minmax_columns
 from lightning_dp.privacy.coverage import check_coverage
 from lightning_dp.privacy.ledger import BudgetExceededError
-from lightning_dp.quick_checks import check_quick
+from lightning_dp.quick_checks import check_number, check_quick
 
 log = logging.getLogger(__name__)
 
 MIN_FREE_BYTES = 64 * 2**20  # ledger, config, logs and the pre-training record
 
 
-def _number(value: object, name: str, *, low: float, high: float = math.inf, integer: bool = False,
-            low_open: bool = False) -> None:
-    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-    ok = ok and (value > low if low_open else value >= low) and value <= high and (not integer or float(value).is_integer())
-    if not ok:
-        kind = "a whole number" if integer else "a number"
-        bound = f"> {low:g}" if low_open else f">= {low:g}"
-        raise ConfigError(f"{name} must be {kind} {bound}{'' if high == math.inf else f' and <= {high:g}'}, got {value!r}.")
-
-
 PRIVACY_KEYS = ("epsilon", "delta", "accountant", "adjacency", "allow_large_delta", "count_budget_fraction",
-                "noise_seed", "require_dp", "dp_sgd", "registry", "dataset_name", "dataset_budget")
+                "noise_seed", "require_dp", "dp_sgd", "registry", "dataset_name", "dataset_budget",
+                "dataset_delta")
 DP_SGD_KEYS = ("max_grad_norm", "noise_multiplier", "mode")
 TOP_KEYS = ("data", "model", "privacy", "trainer", "callbacks", "audit", "experiment", "seed", "output_dir", "resume",
             "resume_external", "num_samples", "tuned", "weights", "tune")
@@ -68,7 +58,7 @@ def check_config(cfg: DictConfig) -> None:
 
     from lightning_dp.data.datamodule import PrivateDataModule
 
-    check_quick(cfg)  # seeds and column lists (train.py ran these before importing torch)
+    check_quick(cfg)  # seeds, column lists, ε, δ and other ranges (train.py ran these before importing torch)
     _known_keys(cfg, TOP_KEYS, "")
     _known_keys(cfg.privacy, PRIVACY_KEYS, "privacy")
     _known_keys(cfg.data, list(inspect.signature(PrivateDataModule.__init__).parameters)[1:], "data")
@@ -85,29 +75,7 @@ def check_config(cfg: DictConfig) -> None:
     if sgd and cfg.privacy.get("adjacency", "add_remove") != "add_remove":
         raise ConfigError(f"model={cfg.model.name} trains with DP-SGD, whose accounting (Poisson-subsampled Gaussian) "
                           "is for add/remove neighbours: set privacy.adjacency=add_remove.")
-    for key in ("epsilon", "delta"):
-        if isinstance(cfg.privacy.get(key), bool) or not isinstance(cfg.privacy.get(key), int | float):
-            raise ConfigError(f"privacy.{key} must be a number, got {cfg.privacy.get(key)!r}.")
-    _number(cfg.privacy.epsilon, "privacy.epsilon", low=0, high=1e3, low_open=True)
-    _number(cfg.privacy.delta, "privacy.delta", low=0, high=0.5, low_open=True)
-    if cfg.privacy.get("dataset_budget") is not None:
-        _number(cfg.privacy.dataset_budget, "privacy.dataset_budget", low=0, high=1e4, low_open=True)
-    if cfg.privacy.get("dataset_name") is not None and not (
-            isinstance(cfg.privacy.dataset_name, str) and 0 < len(cfg.privacy.dataset_name) <= 200):
-        raise ConfigError(f"privacy.dataset_name must be a name of 1 to 200 characters, got {cfg.privacy.dataset_name!r}.")
-    _number(cfg.privacy.get("count_budget_fraction", 0.02), "privacy.count_budget_fraction", low=0, high=0.5,
-            low_open=True)
-    if cfg.get("num_samples") is not None:
-        _number(cfg.num_samples, "num_samples", low=1, high=1e9, integer=True)
-    data = cfg.data
-    _number(data.get("batch_size", 256), "data.batch_size", low=1, integer=True)
-    _number(data.get("holdout_fraction", 0.2), "data.holdout_fraction", low=0, high=0.95)
-    if data.get("max_rows") is not None:
-        _number(data.max_rows, "data.max_rows", low=1, integer=True)
-    if data.get("public_num_rows") is not None:
-        _number(data.public_num_rows, "data.public_num_rows", low=1, integer=True)
-    if cfg.trainer.get("max_epochs") is not None:
-        _number(cfg.trainer.max_epochs, "trainer.max_epochs", low=1, integer=True)
+    data = cfg.data  # ε, δ, batch size and the other ranges: check_quick (before torch loads)
     if data.name not in LOADERS:
         raise ConfigError(f"Unknown data set {data.name!r}; valid: {', '.join(LOADERS)}. Pick one with data=NAME.")
     if cfg.model.get("name") not in MODELS:
@@ -129,8 +97,8 @@ def check_callbacks(cfg: DictConfig) -> None:
     """
     node = (cfg.get("callbacks") or {}).get("checkpoint") or {}
     _known_keys(node, ("every_n_steps", "every_n_minutes"), "callbacks.checkpoint")
-    _number(node.get("every_n_steps", 100), "callbacks.checkpoint.every_n_steps", low=0, integer=True)
-    _number(node.get("every_n_minutes", 5.0), "callbacks.checkpoint.every_n_minutes", low=0)
+    check_number(node.get("every_n_steps", 100), "callbacks.checkpoint.every_n_steps", low=0, integer=True)
+    check_number(node.get("every_n_minutes", 5.0), "callbacks.checkpoint.every_n_minutes", low=0)
 
 
 def check_trainer(cfg: DictConfig, *, sgd: bool) -> None:
@@ -255,10 +223,13 @@ def check_model(cfg: DictConfig, layout: dict[str, object]) -> object | None:
         log.debug("model=%s could not be sized on the meta device (%s); its memory is not checked.", cfg.model.name, err)
         return None
     width = layout["n_continuous"] + sum(layout["block_sizes"])
+    if "continuous_names" in layout:  # a table's schema (schema_layout)
+        what, fix = ("the schema's continuous columns and categories",
+                     "Declare fewer categories (merge rare ones), drop columns, or shrink the model's networks")
+    else:  # images (datamodule.image_layout): one column per pixel
+        what, fix = "one per pixel", "Shrink the model's networks (model.module.*) or use smaller images"
     check_memory(TRAINING_COPIES * module_bytes(lambda: model),
-                 what=f"Training model={cfg.model.name} on {width:,} model-space columns (the schema's continuous "
-                      "columns and categories)",
-                 fix="Declare fewer categories (merge rare ones), drop columns, or shrink the model's networks")
+                 what=f"Training model={cfg.model.name} on {width:,} model-space columns ({what})", fix=fix)
     return model
 
 

@@ -13,8 +13,13 @@ On a terminal the progress bars do this and the lines stay off (``LIGHTNING_DP_P
 What a line may show (everything in it is public or DP): stage names (the code's, or the policy's checks);
 planned steps that follow from the config and the DP row count (DP-SGD's round(1/q) per epoch, a one-shot
 model's ``steps_per_epoch``), never from the exact number of rows; the ledger's ε. A one-shot release streams
-the private rows in chunks whose count would follow from n, so it shows elapsed time only. During tuning
-(:meth:`Progress.hidden`) only the elapsed time and ε: the number of candidates is private.
+the private rows in chunks whose count would follow from n, so it shows elapsed time only.
+
+During tuning (:meth:`Progress.hidden`) the number K of candidates is private, and the selection's duration grows
+with K: the public stream gets one line when the selection starts and one when it ends (ε only, no time); the
+heartbeats in between (elapsed time and ε) go only to a private sink (the tuning's PRIVATE log file), or nowhere.
+Wall-clock time itself (timestamps, file times, a scheduler's accounting) is outside the DP guarantee (README,
+"Privacy model").
 """
 
 from __future__ import annotations
@@ -62,7 +67,7 @@ class Progress:
     """The current stage and a heartbeat thread; see the module docstring. Thread-safe."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._depth = 0
@@ -70,6 +75,7 @@ class Progress:
         self.enabled = enabled_by_default()
         self._epsilon: Callable[[], str] | None = None
         self._hidden: str | None = None
+        self._sink: Callable[[str], None] | None = None  # where a hidden stage's heartbeats go (private)
         self._t0 = time.monotonic()
         self._reset_stage("starting")
 
@@ -102,13 +108,19 @@ class Progress:
                 thread = self._thread if last else None
                 if last:
                     self._stop.set()
-                    self._thread, self._epsilon, self._hidden = None, None, None
+                    self._thread, self._epsilon, self._hidden, self._sink = None, None, None, None
             if thread is not None:
                 thread.join(timeout=5)
 
     @contextmanager
-    def hidden(self, name: str) -> Iterator[None]:
-        """Inside the block only ``name``, the elapsed time and ε are shown (tuning: K is private)."""
+    def hidden(self, name: str, done: str | None = None) -> Iterator[None]:
+        """A stage whose length is private (tuning: it grows with the secret K).
+
+        Public lines: one when the block starts and one when it ends normally (``done``, else ``NAME: done``; ε,
+        no time). Inside the block no other stage or step is shown, and the heartbeats (``name``, elapsed time,
+        ε) go to the sink given by :meth:`private_sink` only (dropped without one), so the number of public lines
+        does not grow with the block's duration.
+        """
         self.stage(name)
         with self._lock:
             self._hidden = name
@@ -116,11 +128,24 @@ class Progress:
             yield
         finally:
             with self._lock:
-                self._hidden = None
+                self._hidden, self._sink = None, None
+                self._reset_stage(done or f"{name}: done")
+        self._emit(self.line(timing=False))  # not reached when the block raised
+
+    def private_sink(self, write: Callable[[str], None] | None) -> None:
+        """Where the current hidden stage's heartbeats go (a private file); cleared when the stage ends."""
+        with self._lock:
+            self._sink = write if self._hidden is not None else None
 
     def _beat(self) -> None:
         while not self._stop.wait(self.every):
-            self._emit(self.line())
+            with self._lock:  # re-entrant: the line and where it goes from the same state
+                hidden, sink, text = self._hidden is not None, self._sink, self.line()
+            if not hidden:
+                self._emit(text)
+            elif sink is not None and self.enabled:
+                with contextlib.suppress(Exception):  # a progress line never stops a run
+                    sink(text)
 
     # ------------------------------------------------------------- state
     def set_epsilon(self, describe: Callable[[], str] | None) -> None:
@@ -144,19 +169,20 @@ class Progress:
             if self._hidden is None:
                 self.done = int(done)
 
-    def line(self) -> str:
+    def line(self, *, timing: bool = True) -> str:
         with self._lock:
             now = time.monotonic()
             parts = [f"progress: {self._hidden or self.stage_name}"]
             if self._hidden is None and self.total:
                 pct = 100.0 * self.done / self.total
                 parts.append(f"{self.done}/{self.total} {self.unit} ({pct:.0f}%)")
-            timing = f"elapsed {_duration(now - self._t0)}"
+            elapsed = f"elapsed {_duration(now - self._t0)}"
             rate_done = self.done - self._stage_done0
             if self._hidden is None and self.total and rate_done > 0 and self.done < self.total:
                 per = (now - self._stage_t0) / rate_done
-                timing += f", ETA {_duration(per * (self.total - self.done))}"
-            parts.append(timing)
+                elapsed += f", ETA {_duration(per * (self.total - self.done))}"
+            if timing:
+                parts.append(elapsed)
             if self._epsilon is not None:
                 with contextlib.suppress(Exception):  # a progress line never stops a run
                     parts.append(self._epsilon())

@@ -350,8 +350,36 @@ def registry_resume(registry: Any, state: ResumeState, *, external: bool = False
     # sealed by this registry and extending its record, so the resumed run records it before anything else
     best = row.state if where == "the budget registry" else dict(records)[where]
     waived = {**row.state.get("no_dp_claim", {}), **state.ledger.get("no_dp_claim", {})}
-    return RegistryResume(ledger={**best, "no_dp_claim": waived}, run_id=run_id, dataset_id=row.dataset_id,
-                          external_of=None)
+    values = dict(records).get(str(state.checkpoint)) if state.checkpoint is not None else None
+    lost = lost_uses(best, values if values is not None else dict(records).get(".prefit.json"))
+    fresh = {k: v for k, v in lost.items() if v > int((best.get("lost") or {}).get(k, 0))}
+    if fresh:
+        log.warning("Run %s: the budget registry charged %s, whose values no saved record holds (the run was stopped "
+                    "between charging and saving them). They stay charged, and are drawn again if needed.", run_id,
+                    ", ".join(f"{n} ×{c}" for n, c in sorted(fresh.items())))
+    return RegistryResume(ledger={**best, "no_dp_claim": waived, "lost": lost}, run_id=run_id,
+                          dataset_id=row.dataset_id, external_of=None)
+
+
+def lost_uses(charged: dict[str, Any], saved: dict[str, Any] | None) -> dict[str, int]:
+    """Per release name, the uses ``charged`` (the registry's record) holds beyond the record that holds the released
+    values (``saved``: the checkpoint, else ``.prefit.json``; ``None`` when neither exists), plus those already lost.
+
+    The registry is charged before a value is saved (``PrivacyLedger._persist``), so after a kill between the two the
+    registry holds uses whose value is gone: they stay in ε (over-charging), and ``PrivacyLedger.has`` does not count
+    them, so a one-shot release is drawn again instead of being looked for in a checkpoint that lacks it.
+    """
+    def counts(state: dict[str, Any] | None) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for r in (state or {}).get("releases", []):
+            out[r["name"]] = out.get(r["name"], 0) + int(r["count"])
+        return out
+
+    have, kept = counts(charged), counts(saved)
+    before, saved_lost = charged.get("lost") or {}, (saved or {}).get("lost") or {}
+    lost = {name: max(int(before.get(name, 0)), int(saved_lost.get(name, 0)) + n - kept.get(name, 0))
+            for name, n in have.items()}
+    return {name: n for name, n in lost.items() if n > 0}
 
 
 def load_ledger(ledger: PrivacyLedger, state: dict[str, Any]) -> None:

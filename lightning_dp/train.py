@@ -15,7 +15,7 @@ from typing import Any
 import pytorch_lightning as pl
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from lightning_dp.budget import RunBudget
+from lightning_dp.budget import RunBudget, in_tuning
 from lightning_dp.callbacks.progress_lines import ProgressLines
 from lightning_dp.callbacks.run_record import RunRecord, write_run_files
 from lightning_dp.checkpoint import AtomicCheckpointIO
@@ -281,8 +281,9 @@ def _train(cfg: DictConfig, *, overrides: Sequence[str] | None, run_log: RunLog,
     check_run(cfg, out)
     rank = launch_rank()
     ledger = make_ledger(cfg.privacy)
-    # rank 0 keeps the run's records in the budget registry (one budget per data set) and locks the run folder
-    budget = stack.enter_context(RunBudget.open(cfg.privacy, out)) if rank == 0 else None
+    # rank 0 keeps the run's records in the budget registry (one budget per data set) and locks the run folder; a
+    # tuning candidate has no session of its own (the tuning run is charged the selection's ε: tuning/tune.py)
+    budget = stack.enter_context(RunBudget.open(cfg.privacy, out)) if rank == 0 and not in_tuning() else None
     held.update(ledger=ledger, output_dir=str(out))  # for the message of a refusal after a release
     tracker.set_epsilon(lambda: f"ε = {ledger.spent:.4g} of {ledger.target_epsilon:g}")
     if rank > 0:  # under DDP rank 0 alone writes progress lines
@@ -334,7 +335,8 @@ def _train(cfg: DictConfig, *, overrides: Sequence[str] | None, run_log: RunLog,
                check_schema=lambda schema: (check_data(cfg.model, schema), public.update(schema=schema),
                                             check_before_release(cfg, schema, weighting if resume is None else None)),
                minmax_columns=lambda schema: minmax_columns(cfg.model, schema),
-               identify=budget.identify if budget is not None else None)
+               identify=budget.identify if budget is not None else None,
+               check_layout=lambda layout: check_model(cfg, layout))  # images: the model's memory, before the count
     ledger.commit = None
     if rank == 0:
         publish_prefit(out, ledger=ledger.state_dict(), data=dm.state_dict(), complete=True)

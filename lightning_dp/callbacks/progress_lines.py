@@ -20,11 +20,13 @@ class ProgressLines(Callback):
 
     Args:
         mechanisms: the run's mechanism callbacks (a ``DPSGD`` among them sets the step unit).
+        label: names the stages of a fit run inside another command (``LABEL: train``, ``LABEL: done``).
     """
 
-    def __init__(self, mechanisms: list[Any]) -> None:
+    def __init__(self, mechanisms: list[Any], label: str | None = None) -> None:
         self.dp_sgd = next((m for m in mechanisms if type(m).__name__ == "DPSGD"), None)
         self.one_shot = any(type(m).__name__ != "DPSGD" for m in mechanisms)
+        self.label = label  # a fit inside another command (the sampler's private weights): "LABEL: train", "LABEL: done"
 
     def _planned(self, trainer: Trainer, pl_module: LightningModule) -> tuple[int | None, str]:
         if self.dp_sgd is not None and getattr(self.dp_sgd, "sample_rate", None):
@@ -49,10 +51,10 @@ class ProgressLines(Callback):
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         total, unit = self._planned(trainer, pl_module)
-        tracker.stage("train", total=total, unit=unit, done=self._done(trainer))
+        tracker.stage(f"{self.label}: train" if self.label else "train", total=total, unit=unit, done=self._done(trainer))
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, *args: Any) -> None:
         tracker.update(self._done(trainer))
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        tracker.stage("end of training (releases made at the end, checkpoint)")
+        tracker.stage(f"{self.label}: done" if self.label else "end of training (releases made at the end, checkpoint)")

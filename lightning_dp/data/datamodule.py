@@ -37,6 +37,12 @@ from lightning_dp.privacy.ledger import PrivacyLedger
 log = logging.getLogger(__name__)
 
 
+def image_layout(shape: Sequence[int], classes: Sequence[str]) -> dict[str, Any]:
+    """Model space of images: one column per pixel, no categorical blocks, the declared classes (all public: every
+    image has the same shape, whatever the rows)."""
+    return {"n_continuous": int(np.prod(tuple(shape))), "block_sizes": [], "num_classes": len(classes)}
+
+
 class PrivateDataModule(LightningDataModule):
     """Private data for one run.
 
@@ -98,7 +104,8 @@ class PrivateDataModule(LightningDataModule):
                 check_rows: Callable[[RowCount], None] | None = None, count_budget_fraction: float = 0.02,
                 private_use: bool = False, check_schema: Callable[[Any], None] | None = None,
                 minmax_columns: Sequence[str] | Callable[[Schema], Sequence[str]] = (),
-                identify: Callable[[np.ndarray, str], None] | None = None) -> None:
+                identify: Callable[[np.ndarray, str], None] | None = None,
+                check_layout: Callable[[dict[str, Any]], None] | None = None) -> None:
         """Load, split and encode the private data; release (and charge) n and the schema facts that are not public.
 
         Order: everything that can fail on the user's input (files, schema, validation) runs before the
@@ -124,6 +131,9 @@ class PrivateDataModule(LightningDataModule):
             identify: called with one canonical digest per row of the whole source (training and test rows, shape
                 (N,)) and the data kind, after the rows are checked and before anything is released: the budget
                 registry's fingerprint of the data set (``lightning_dp/budget``).
+            check_layout: called with the model-space layout of image data before anything is released (public:
+                the shape every image has and the declared classes; e.g. the model's memory check). Tabular data
+                goes through ``check_schema``.
         """
         source = self._load()
         if isinstance(source, TabularSource):
@@ -131,6 +141,8 @@ class PrivateDataModule(LightningDataModule):
             self.minmax_columns = tuple(chosen)
         if check_schema is not None:
             check_schema(source.schema if isinstance(source, TabularSource) else None)
+        if check_layout is not None and isinstance(source, ImageSource):
+            check_layout(image_layout(source.images.shape[1:], source.classes))
         if private_use and state is None and isinstance(source, TabularSource):
             if needs_release(source.schema):
                 raise DataError(f"The {source.name} schema leaves bounds or categories to a DP release: load it from "
@@ -172,6 +184,19 @@ class PrivateDataModule(LightningDataModule):
             with ledger.durable():
                 self._encode_tabular(source, train, holdout, ledger, generator, state)
         log.info("Data %r: %s; model-space width %d.", self.name, self.row_count.describe(), self.x.shape[1])
+
+    def row_identity(self) -> tuple[np.ndarray, str]:
+        """One canonical digest per row of the whole source (as ``prepare`` gives ``identify``) and the data kind,
+        without releasing anything: the budget registry's fingerprint for a run that releases before ``prepare``
+        (a tuning run's selection, ``lightning_dp/tuning/tune.py``).
+
+        Raises:
+            DataError: unreadable or invalid rows.
+        """
+        source = self._load()
+        if isinstance(source, ImageSource):
+            return row_digests(canonical_images(source.images, source.labels)), "image"
+        return self._split_tabular(source)[2], "tabular"
 
     def _split_tabular(self, source: TabularSource) -> tuple[pd.DataFrame, pd.DataFrame, np.ndarray]:
         """Training and held-out rows, and one canonical digest per row of the source (training rows first)."""
@@ -257,8 +282,7 @@ class PrivateDataModule(LightningDataModule):
     def layout(self) -> dict[str, Any]:
         """What a model needs to know about model space (all public)."""
         if self.kind == "image":
-            return {"n_continuous": int(np.prod(self.image_shape)), "block_sizes": [],
-                    "num_classes": len(self.classes)}
+            return image_layout(self.image_shape, self.classes)
         return {"n_continuous": self.encoder.n_continuous, "block_sizes": self.encoder.block_sizes,
                 "num_classes": self.encoder.num_classes, "continuous_names": [c.name for c in self.encoder.continuous],
                 "continuous_units": self.encoder.continuous_units}

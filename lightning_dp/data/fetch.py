@@ -8,6 +8,7 @@ This is the only code of the project that opens a network connection, and only w
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import tempfile
@@ -155,6 +156,13 @@ def _download(remote: RemoteFile, dest: Path, opener: Opener, timeout: float) ->
     raise OfflineError(f"Cannot download {remote.name} ({'; '.join(reasons)}).")
 
 
+def _remove_empty(folders: list[Path]) -> None:
+    """Remove the folders a failed fetch created (innermost first) where they are still empty."""
+    for path in folders:
+        with contextlib.suppress(OSError):
+            path.rmdir()
+
+
 def fetch(name: str, root: str | Path | None = None, *, opener: Opener | None = None, timeout: float = TIMEOUT_S,
           say: Callable[[str], None] = print) -> Path:
     """Download the data set's files that are missing (or differ) into ``root/<folder>``, each checked by SHA-256.
@@ -168,6 +176,7 @@ def fetch(name: str, root: str | Path | None = None, *, opener: Opener | None = 
     """
     ds = data_set(name)
     folder = Path(root or DEFAULT_ROOT).expanduser() / ds.folder
+    created = [p for p in (folder, *folder.parents) if not p.exists()]  # removed again if nothing is fetched
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as err:
@@ -184,14 +193,18 @@ def fetch(name: str, root: str | Path | None = None, *, opener: Opener | None = 
             continue
         try:
             url = _download(remote, dest, opener or _open, timeout)
+        except ChecksumError:
+            _remove_empty(created)
+            raise
         except OfflineError as err:
+            _remove_empty(created)
             from lightning_dp.errors import python_command
 
             urls = " ".join(r.urls[0] for r in ds.files)
             root_arg = "" if root is None else f" --root {root}"
             raise OfflineError(f"{err} Offline? On a machine with network download {urls}, copy the files into "
-                               f"{folder}/, then check them: {python_command()} -m lightning_dp.data verify "
-                               f"{ds.name}{root_arg}") from err
+                               f"a folder {folder}/ (create it), then check them: {python_command()} -m "
+                               f"lightning_dp.data verify {ds.name}{root_arg}") from err
         say(f"{dest}: {remote.size:,} bytes from {url}, SHA-256 ok" + (" (replaced a file with a wrong digest)"
                                                                        if status == "wrong digest" else ""))
     return folder

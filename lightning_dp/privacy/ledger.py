@@ -206,17 +206,22 @@ class PrivacyLedger:
         self.no_dp_claim: dict[str, str] = {}
         # budget held for releases planned for later (:meth:`reserve`): counted in every check, not in ``spent``
         self.reserved: list[Release] = []
-        # durability (``durable`` and ``record``), in this order: ``commit()`` saves the released values a resumed
-        # run needs together with the ledger (a checkpoint; ``durable`` blocks only), ``register(ledger)`` records the
-        # new state in the budget registry (lightning_dp/budget/), checked against the run's claim on its data set's
-        # budget, ``persist(ledger)`` writes the ledger itself (ledger.json). A checkpoint may be one block ahead of
-        # the registry after a kill (a resumed run records it then); ledger.json never is.
+        # durability (``durable`` and ``record``), in this order: ``register(ledger)`` charges the new state to the
+        # budget registry (lightning_dp/budget/), checked against the run's claim on its data set's budget; then
+        # ``commit()`` saves the released values a resumed run needs together with the ledger (a checkpoint;
+        # ``durable`` blocks only); then ``persist(ledger)`` writes the ledger itself (ledger.json). So no record on
+        # disk is ever ahead of the registry: a kill between two steps over-charges (the registry holds a release
+        # whose value no file holds: ``lost``), never under-charges.
         self.register: Callable[[PrivacyLedger], None] | None = None
         self.persist: Callable[[PrivacyLedger], None] | None = None
         self.commit: Callable[[], None] | None = None
         # the run's id in the budget registry, and the registry's integrity tag of a state (``state_dict`` adds it)
         self.run_id: str | None = None
         self.seal: Callable[[dict[str, Any]], str] | None = None
+        # name -> uses charged whose values no saved record holds (a kill between the registry's record and the
+        # checkpoint; ``lightning_dp.resume.registry_resume``): they stay in ε, but :meth:`has` does not count them,
+        # so a one-shot release is drawn (and charged) again
+        self.lost: dict[str, int] = {}
         self._open_blocks = 0
         self._epsilon_cache: dict[tuple, float] = {}  # (prv, releases) -> ε, for these orders and δ
 
@@ -394,8 +399,9 @@ class PrivacyLedger:
 
     # ------------------------------------------------------------------ recording
     def has(self, name: str) -> bool:
-        """True when a release named ``name`` has already been recorded."""
-        return any(r.name == name and r.count > 0 for r in self.releases)
+        """True when a release named ``name`` has been recorded and its value saved: uses charged but ``lost`` (their
+        value never reached a record on disk) do not count."""
+        return sum(r.count for r in self.releases if r.name == name) > self.lost.get(name, 0)
 
     def record(self, release: Release) -> float:
         """Record ``release`` and return the new ε; refuses it when ε would exceed the target.
@@ -429,16 +435,21 @@ class PrivacyLedger:
         return eps
 
     def _persist(self, *, commit: bool = False) -> None:
-        """Make the ledger's state durable: (``commit``) the values, then the registry's record, then the file."""
+        """Make the ledger's state durable: the registry's charge first, then (``commit``) the values, then the file.
+
+        The registry comes first so that nothing on disk is ever ahead of it: a refusal there (the data set's budget,
+        a lost lease) leaves no checkpoint holding an uncharged value, and a kill after it over-charges.
+        """
+        if self.register is not None:
+            self.register(self)  # refusals (the data set's budget, a lost lease) are UserErrors with their message
         if commit and self.commit is not None:
             try:
                 self.commit()
             except OSError as err:
                 raise ReleaseNotSavedError(
-                    f"The released values could not be saved ({err}); nothing was released. Free disk space or fix "
-                    "the output folder's permissions, then resume with resume=last.") from err
-        if self.register is not None:
-            self.register(self)  # refusals (the data set's budget, a lost lease) are UserErrors with their message
+                    f"The released values could not be saved ({err}); nothing was released (the budget registry "
+                    "keeps the charge). Free disk space or fix the output folder's permissions, then resume with "
+                    "resume=last.") from err
         if self.persist is None:
             return
         try:
@@ -454,11 +465,11 @@ class PrivacyLedger:
         """A block of releases that become durable together before anything computed from them leaves.
 
         Inside, ``record`` only checks and records in memory, and log records are held back. At the end,
-        ``commit()`` saves the released values with the ledger (e.g. a checkpoint of the module that now holds a
-        noisy embedding), ``register`` records the ledger in the budget registry, then ``persist`` writes the
-        ledger, then the held logs are replayed. If
-        anything fails, the block's releases are removed again and its logs dropped: the noisy values
-        existed only in memory, so nothing was released, and a later run may draw them again.
+        ``register`` charges the ledger to the budget registry, ``commit()`` saves the released values with the
+        ledger (e.g. a checkpoint of the module that now holds a noisy embedding), then ``persist`` writes the
+        ledger, then the held logs are replayed. If anything fails, the block's releases are removed from this
+        ledger again and its logs dropped: the noisy values existed only in memory, so nothing left the run; a
+        charge the registry already took stays (over-charging, never under-charging).
 
         Raises:
             ReleaseNotSavedError: the values or the ledger could not be written.
@@ -541,6 +552,8 @@ class PrivacyLedger:
             "reserved": [asdict(r) for r in self.reserved],
             "no_dp_claim": dict(self.no_dp_claim),
         }
+        if self.lost:
+            state["lost"] = dict(self.lost)
         if self.run_id is not None:
             state["run_id"] = self.run_id
         if self.seal is not None:
@@ -566,6 +579,7 @@ class PrivacyLedger:
         self.releases = [Release(**r) for r in state["releases"]]
         self.reserved = [Release(**r) for r in state.get("reserved") or []]
         self.no_dp_claim = {**dict(state.get("no_dp_claim") or {}), **self.no_dp_claim}  # never withdrawn
+        self.lost = {str(k): int(v) for k, v in (state.get("lost") or {}).items() if int(v) > 0}
 
     @staticmethod
     def most_advanced(states: Sequence[tuple[str, dict[str, Any]]]) -> tuple[str, dict[str, Any]]:
@@ -622,7 +636,7 @@ class PrivacyLedger:
             )
         state = self.state_dict()  # the registry id and the tag, as in every other record
         return {
-            **{k: state[k] for k in ("run_id", "integrity") if k in state},
+            **{k: state[k] for k in ("run_id", "integrity", "lost") if k in state},
             "dp_claim": self.dp_claim,
             "no_dp_claim": [{"name": k, "note": v} for k, v in self.no_dp_claim.items()],
             "target_epsilon": self.target_epsilon,
@@ -646,7 +660,7 @@ class PrivacyLedger:
                 "releases": [{k: v for k, v in r.items() if k in fields} for r in d["releases"]],
                 "reserved": [{k: v for k, v in r.items() if k in fields} for r in d.get("reserved") or []],
                 "no_dp_claim": {w["name"]: w["note"] for w in d.get("no_dp_claim") or []},
-                **{k: d[k] for k in ("run_id", "integrity") if k in d}}
+                **{k: d[k] for k in ("run_id", "integrity", "lost") if k in d}}
 
     def save_json(self, path: str) -> None:
         """Write :meth:`to_dict` to ``path`` atomically."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from lightning_dp.run_log import FORMAT
@@ -22,9 +22,10 @@ HEADER = ("# PRIVATE: the tuning candidates' own logs (K, each candidate's setti
           "do not publish this file.\n")
 # loggers that may hold their own console handlers (Lightning adds one at import when the root has none)
 OWN_HANDLERS = ("pytorch_lightning", "lightning_fabric", "lightning.pytorch", "lightning.fabric", "lightning")
-# loggers whose records still reach the console: the progress lines, which show elapsed time and ε only while the
-# candidates train (``Progress.hidden``)
-PUBLIC_LOGGERS = ("lightning_dp.progress",)
+# loggers whose records still reach the console during the block: none. The selection's public progress lines are
+# its start and end, written outside the block (``Progress.hidden``); its heartbeats, whose number grows with the
+# selection's duration and so with K, come here through the sink this block yields
+PUBLIC_LOGGERS: tuple[str, ...] = ()
 
 
 class _Only(logging.Filter):
@@ -39,9 +40,10 @@ class _Only(logging.Filter):
 
 
 @contextlib.contextmanager
-def private_output(path: Path) -> Iterator[None]:
-    """Within the block, every log record, ``stdout``/``stderr`` write and warning goes to ``path``; the console
-    keeps only the progress lines (``PUBLIC_LOGGERS``).
+def private_output(path: Path) -> Iterator[Callable[[str], None]]:
+    """Within the block, every log record, ``stdout``/``stderr`` write and warning goes to ``path``, and nothing to
+    the console or ``train.log`` (``PUBLIC_LOGGERS``). Yields a function that writes one line to ``path`` (for the
+    progress heartbeats: :meth:`lightning_dp.progress.Progress.private_sink`).
 
     The root logger's handlers (the console, a run's ``train.log``) pass only those records for the block, and the
     console handlers Lightning's loggers carry are detached; all is put back after it, whatever happens.
@@ -64,7 +66,8 @@ def private_output(path: Path) -> Iterator[None]:
             lg.handlers, lg.propagate = [], True
         try:
             with contextlib.redirect_stdout(stream), contextlib.redirect_stderr(stream):
-                yield
+                yield lambda text: handler.handle(logging.makeLogRecord(
+                    {"name": "lightning_dp.progress", "levelno": logging.INFO, "levelname": "INFO", "msg": text}))
         finally:
             handler.flush()
             for h in saved_root:

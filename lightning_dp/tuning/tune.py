@@ -415,9 +415,7 @@ def tune(cfg: DictConfig, *, overrides: Sequence[str] | None = None) -> dict[str
         BudgetExceededError: the plan (checked before any release) or the final bound does not fit.
     """
     from lightning_dp.callbacks.run_record import write_run_files
-    from lightning_dp.checkpoint import AtomicCheckpointIO, load_checkpoint
     from lightning_dp.preflight import check_config
-    from lightning_dp.run_log import RunLog
     from lightning_dp.train import make_ledger
 
     if cfg.get("resume"):
@@ -435,6 +433,7 @@ def tune(cfg: DictConfig, *, overrides: Sequence[str] | None = None) -> dict[str
     out = Path(cfg.output_dir)
     if any((out / name).exists() for name in ("ledger.json", ".prefit.json", "checkpoints", "tuning")):
         raise RunExistsError(f"{str(out)!r} already holds a run. Choose another output_dir=PATH.")
+    tracker.stage("tuning: plan and checks of every candidate's settings (no row read yet)")
     ledger = make_ledger(cfg.privacy)
     p = plan(tc, ledger)  # refuses before anything is read or written
     check_candidates(cfg, tc, p, out)
@@ -457,16 +456,38 @@ def tune(cfg: DictConfig, *, overrides: Sequence[str] | None = None) -> dict[str
         led.save_json(out / "ledger.json")
 
     ledger.persist = persist
-    # the one release of the whole selection, on disk before any candidate reads a row: its curve is fixed by the plan
-    # (a candidate above it stops the run), so a kill at any moment leaves the whole cost on the run's ledger
+    from lightning_dp.budget import RunBudget
+    from lightning_dp.data.datamodule import PrivateDataModule
+
+    # the budget registry: the tuning run is one run on its data set (fingerprinted now, before any release), charged
+    # the selection's ε; its candidates open no registry session of their own (tuning_candidates)
+    with RunBudget.open(cfg.privacy, out) as budget:
+        budget.attach(ledger)
+        budget.identify(*PrivateDataModule(**cfg.data).row_identity())
+        return _select(cfg, tc, p, out, ledger, num, points, rng, envelope, score_gen, note)
+
+
+def _select(cfg: DictConfig, tc: TuneConfig, p: Plan, out: Path, ledger: PrivacyLedger, num: int,
+            points: list[dict[str, Any]], rng: np.random.Generator, envelope: np.ndarray, score_gen: Any,
+            note: str) -> dict[str, Any]:
+    """Record the selection's release, train and score the candidates, publish the chosen one."""
+    from lightning_dp.budget import tuning_candidates
+    from lightning_dp.checkpoint import AtomicCheckpointIO, load_checkpoint
+    from lightning_dp.run_log import RunLog
+
+    # the one release of the whole selection, charged to the registry and on disk before any candidate reads a row:
+    # its curve is fixed by the plan (a candidate above it stops the run), so a kill at any moment leaves the whole
+    # cost on the run's ledger and the data set's budget
     ledger.record(selection_release(p.orders, envelope, tc, note))
     rows, best = [], None
     tracker.set_epsilon(lambda: f"ε = {ledger.spent:.4g} of {ledger.target_epsilon:g} (the whole selection, spent at its start)")
     try:
         # the candidates' logs, prints and warnings go to the private log only (private_log.py): K and each
         # candidate's run are not covered by the theorem, and the console is what a scheduler writes to a shared log
-        with tracker.hidden("tuning (elapsed and ε only: the number of candidates is private)"), \
-                private_output(out / PRIVATE_LOG):
+        with tracker.hidden(f"tuning: selection started (the number of candidates is private: until it ends, "
+                            f"progress lines go to {PRIVATE_LOG} only)", done="tuning: selection done"), \
+                private_output(out / PRIVATE_LOG) as private_line, tuning_candidates():
+            tracker.private_sink(private_line)  # the heartbeats' count grows with K: for the operator only
             try:
                 best = _candidates(cfg, tc, p, out, num, points, rng, envelope, score_gen, rows)
             except Exception as err:
@@ -476,6 +497,8 @@ def tune(cfg: DictConfig, *, overrides: Sequence[str] | None = None) -> dict[str
                     f"The selection's whole ε is spent and on the ledger ({ledger.summary()}); nothing was "
                     "published. Fix the cause and start a new run with another output_dir (its budget composes "
                     "with this one's).") from None
+            finally:
+                tracker.private_sink(None)  # before the private file closes
         assert best is not None  # K >= 1
         chosen, result = best
         run_log = RunLog()

@@ -304,11 +304,13 @@ class DPSGDWeights(WeightEstimator):
     def _train_dp_sgd(self, net: WeightMLP, data: UnionData, *, sigma: float, steps: int, noise_seed: int) -> None:
         """Standard DP-SGD through the project's DPSGD mechanism: it records every step it takes."""
         from lightning_dp.callbacks.dp_sgd import DPSGD
+        from lightning_dp.callbacks.progress_lines import ProgressLines
 
         dpsgd = DPSGD(ledger=self.ledger, datamodule=data, max_grad_norm=self.max_grad_norm, noise_multiplier=sigma,
                       private_modules=["classifier"], mode="auto", noise_seed=noise_seed)
         trainer = pl.Trainer(max_steps=steps, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-                             enable_progress_bar=False, enable_model_summary=False, callbacks=[dpsgd])
+                             enable_progress_bar=False, enable_model_summary=False,
+                             callbacks=[ProgressLines([dpsgd], label="weights (priv_mlp)"), dpsgd])
         trainer.fit(WeightClassifier(net, lr=self.lr, optimizer=self.optimizer), datamodule=data)
 
     def _train_per_private_example(self, net: WeightMLP, data: UnionData, planned: Release, *,

@@ -110,7 +110,7 @@ def test_a_near_copy_links_to_its_source_where_fresh_rows_do_not(frames):
 # ------------------------------------------------------------------------------------------ attacks
 def test_copies_pass_fresh_rows_and_fail_exact_and_near_copies(frames):
     real, holdout, fresh = frames
-    mw = MatchWeights().fit(real, NUMERIC)
+    mw = MatchWeights().fit(pd.concat([real, holdout]), NUMERIC)
     clean = leaks.copies(fresh, real, holdout, weights=mw)
     assert clean["exact"]["interval"][0] <= 0.002 and clean["near"]["interval"][0] <= 0.005
     assert clean["near"]["control"]["rate"] == pytest.approx(0.01, abs=0.01)
@@ -118,6 +118,9 @@ def test_copies_pass_fresh_rows_and_fail_exact_and_near_copies(frames):
     assert exact["exact"]["main"]["count"] == 60 and exact["exact"]["interval"][0] > 0.002
     near = leaks.copies(planted(fresh, near_copies(real.iloc[:150], 1), 0), real, holdout, weights=mw)  # 5%
     assert near["exact"]["main"]["count"] == 0 and near["near"]["interval"][0] > 0.005
+    # the paired test: fresh rows are as often far closer to HOLDOUT as to REAL; near copies are not
+    assert clean["closer"]["interval"][0] <= 0 <= clean["closer"]["interval"][1] + 0.01
+    assert near["closer"]["interval"][0] > 0.002 and near["closer"]["real_ahead"] > near["closer"]["holdout_ahead"]
 
 
 def test_copied_outliers_are_singled_out(frames):
@@ -140,6 +143,18 @@ def test_linkability_of_real_rows_resampled(frames):
     leaky = leaks.linkability(real.sample(3000, random_state=0), real.iloc[:500], holdout.iloc[:500], **args)
     assert clean["linked"]["interval"][0] <= 0.01 < leaky["linked"]["interval"][0]
     assert leaky["anonymeter_risk"] > 0.2
+
+
+def test_singling_out_has_a_control_of_equal_size(frames):
+    real, holdout, fresh = frames
+    args = dict(numeric=NUMERIC, n_attacks=200)
+    clean = leaks.singling_out(fresh, real, holdout.iloc[:2000], **args)
+    assert clean["reference_rows"] == 2000 and 100 <= clean["queries"] <= 200  # REAL subsampled to HOLDOUT's size
+    assert clean["singled_out"]["interval"][0] <= 0.05 < clean["singled_out"]["interval"][1] + 0.05
+    leaky = leaks.singling_out(real.sample(3000, replace=True, random_state=0), real, holdout, **args)
+    assert leaky["singled_out"]["interval"][0] > 0.05 and leaky["anonymeter_risk"] > 0.2
+    main, control = leaky["singled_out"]["main"], leaky["singled_out"]["control"]
+    assert leaky["anonymeter_risk"] == pytest.approx((main["rate"] - control["rate"]) / (1 - control["rate"]))
 
 
 # ------------------------------------------------------------------------------------------ decision rules
@@ -166,6 +181,8 @@ def test_a_pass_rules_out_a_leak_and_a_fail_confirms_one(interval, status):
 def test_rule_out_must_not_be_stricter_than_its_limit():
     with pytest.raises(PolicyError, match="rule_out_near_excess must come with max_near_excess"):
         load_policy({"checks": {"copies": {"max_near_excess": 0.01, "rule_out_near_excess": 0.005}}})
+    with pytest.raises(PolicyError, match="n_attacks must be an integer >= 50"):
+        load_policy({"checks": {"singling_out": {"n_attacks": 10}}})
     with pytest.raises(PolicyError, match="aux_columns must be two non-empty lists"):
         load_policy({"checks": {"linkability": {"aux_columns": [["a"]]}}})
 
@@ -192,10 +209,10 @@ def test_the_lmdp_test_is_reported_apart_and_never_changes_the_verdict(frames):
 def test_the_default_policy_runs_the_leak_detectors(frames):
     default = load_policy()["checks"]
     assert default["membership"]["max_auc"] == 0.53 and default["membership"]["rule_out_auc"] == 0.65
-    assert {"copies", "vulnerable_records", "linkability"} <= set(default)
+    assert {"copies", "vulnerable_records", "singling_out", "linkability"} <= set(default)
     real, holdout, fresh = frames
     inputs = AuditInputs(synthetic=fresh, real=real, holdout=holdout, numeric=NUMERIC)
     cands = Candidates.draw(inputs, max_candidates=500, seed=0)
     res = REGISTRY["copies"].run(inputs, cands, default["copies"], Context(seed=0), lambda: None)
-    assert [v.status for v in res.verdicts] == ["pass", "pass"]
+    assert [v.status for v in res.verdicts] == ["pass", "pass", "pass"]
     assert res.result["n_synthetic_rows"] == 3000  # every synthetic row, none subsampled away

@@ -102,11 +102,12 @@ def test_train_with_audit_writes_both_report_files(run):
     assert ksd["status"] == "skipped" and ksd["applies"] is False and "not an energy model" in ksd["reason"]
     assert audit["status"] == report["status"] in STATUSES and audit["summary"] == report["summary"]
     assert (report["status"], report["status_reason"]) == overall_status(report["verdicts"])
-    # 3 attacks, 2 disclosures, 2 copies, 1 vulnerable records, 1 linkability, α-LMDP, utility, 2 fidelity thresholds
-    assert len(report["verdicts"]) == 13
-    # the 9 leak thresholds decide; α-LMDP is a property and utility and fidelity are expectations (reported,
+    # 3 attacks, 2 disclosures, 3 copies, 1 vulnerable records, 1 singling out, 1 linkability, α-LMDP, utility,
+    # 2 fidelity thresholds
+    assert len(report["verdicts"]) == 15
+    # the 11 leak thresholds decide; α-LMDP is a property and utility and fidelity are expectations (reported,
     # never deciding)
-    assert [v["gates"] for v in report["verdicts"]] == [True] * 9 + [False] * 4
+    assert [v["gates"] for v in report["verdicts"]] == [True] * 11 + [False] * 4
     assert report["checks"]["lmdp_mmd"]["role"] == "property"
     for v in report["verdicts"]:
         assert v["status"] in STATUSES and v["confidence"] == 0.95 and v["reason"].endswith(".")
@@ -414,6 +415,7 @@ def test_policy_defaults_and_forms():
         "attribute_disclosure",
         "copies",
         "vulnerable_records",
+        "singling_out",
         "linkability",
         "lmdp_mmd",
         "lmdp_ksd",

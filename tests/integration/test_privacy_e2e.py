@@ -11,6 +11,7 @@ artefact stays below the claimed ε.
 
 import importlib.util
 import sys
+import uuid
 
 import numpy as np
 import pytest
@@ -98,6 +99,20 @@ def test_the_deterministic_check_finds_a_planted_leak():
     leaks = deterministic_leaks([run(455, 0.1), run(455, 0.2)], [run(456, 0.3), run(456, 0.4)])
     assert leaks == ["ledger.json: /sample_rate (D: 0.14065934065934066, D': 0.14035087719298245)",
                      "synthetic.csv: rows (D: 455.0, D': 456.0)"]
+
+
+def test_the_deterministic_check_finds_an_identifier_next_to_a_random_one():
+    """A data-derived id on the same log line as a random run id (the budget registry's fp- name once was): the
+    line's number slots differ from run to run, the identifier token itself does not."""
+    from audits.end_to_end import _text_numbers
+
+    def run(fingerprint: str) -> dict:
+        line = f"Run {uuid.uuid4().hex} on data set 'fp-{fingerprint}': budget ε = 10"
+        return {"<log records>": _text_numbers(line)}
+
+    leaks = deterministic_leaks([run("72b77cf3f793"), run("72b77cf3f793")], [run("e45afd7acc06"), run("e45afd7acc06")])
+    assert leaks == ["<log records>: token:fp-72b77cf3f793 (D: 1.0, D': None)",
+                     "<log records>: token:fp-e45afd7acc06 (D: None, D': 1.0)"]
 
 
 def test_the_bound_has_power_on_a_leaking_artefact_and_none_on_noise():

@@ -33,19 +33,29 @@ def test_progress_lines_at_each_stage_and_on_a_steady_interval(caplog):
     assert "4/10 DP-SGD steps (40%)" in beat and "ETA" in beat and beat.endswith("ε = 0.5 of 1")
 
 
-def test_hidden_stage_shows_elapsed_and_epsilon_only(caplog):
+def test_hidden_stage_publishes_its_start_and_end_only(caplog):
+    """Tuning: the selection's length grows with the secret K, so the public stream gets a start and an end line
+    (the end without time) however long it runs; the heartbeats (elapsed, ε) go to the private sink only."""
     progress = Progress()
     caplog.set_level(logging.INFO, logger="lightning_dp.progress")
-    with progress.session(every=60, enabled=True):
+    private: list[str] = []
+    with progress.session(every=1, enabled=True):
         progress.set_epsilon(lambda: "ε = 1 of 1")
-        with progress.hidden("tuning"):
+        with progress.hidden("tuning", done="tuning done"):
+            progress.private_sink(private.append)
             progress.stage("train", total=300)  # a candidate's stage: not shown, not counted
             progress.update(100)
             progress.set_epsilon(lambda: "ε = 0.3 of 0.3")  # a candidate's ledger: ignored
             inside = progress.line()
+            time.sleep(2.4)  # two heartbeats
+        time.sleep(0.1)
+        progress.private_sink(private.append)  # no hidden stage: ignored
     assert inside.startswith("progress: tuning | elapsed") and inside.endswith("ε = 1 of 1")
     assert "300" not in inside and "train" not in inside
-    assert [r.getMessage().split(" |")[0] for r in caplog.records] == ["progress: tuning"]
+    public = [r.getMessage() for r in caplog.records]
+    assert [line.split(" |")[0] for line in public] == ["progress: tuning", "progress: tuning done"]
+    assert public[1] == "progress: tuning done | ε = 1 of 1"  # no elapsed time: it would grow with K
+    assert len(private) >= 2 and all(line.startswith("progress: tuning | elapsed") for line in private)
 
 
 def test_disabled_progress_writes_nothing(caplog):
@@ -97,7 +107,8 @@ def test_interrupted_before_the_first_release_says_nothing_was_spent(tmp_path, c
     assert stop.value.code == 130 and "nothing was spent" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("argv", [["seed=abc"], ["privacy.noise_seed=x"], ["model=ppem", "model.sensitive=age"]])
+@pytest.mark.parametrize("argv", [["seed=abc"], ["privacy.noise_seed=x"], ["model=ppem", "model.sensitive=age"],
+                                  ["privacy.epsilon=-1"], ["privacy.delta=abc"], ["data.batch_size=0"]])
 def test_config_mistakes_are_refused_before_torch_loads(argv, tmp_path):
     args = [*argv, f"output_dir={tmp_path / 'run'}"]
     code = ("import importlib.util, sys; spec = importlib.util.spec_from_file_location('t', 'train.py'); "

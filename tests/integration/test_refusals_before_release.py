@@ -107,6 +107,18 @@ def test_a_schema_too_wide_for_the_machine_is_refused_before_any_release(files, 
     assert "nothing was spent" in err
 
 
+def test_a_model_too_big_for_the_machine_on_images_is_refused_before_any_release(tmp_path, capsys, monkeypatch):
+    """Images: the layout (pixels per image, declared classes) is public, so the model's memory is checked before the
+    count too (here DP-MERF's 20,000 features on 8×8 digits and a machine of 1 MiB)."""
+    import lightning_dp.resources as resources
+
+    monkeypatch.setattr(resources, "available_memory_bytes", lambda: 2**20)
+    code, err = _run(["data=digits", "model.module.steps_per_epoch=2", "model.module.num_features=20000",
+                      "model.module.batch_size=200"], tmp_path, capsys)
+    _refused_before_release(code, err, tmp_path, "64 model-space columns (one per pixel)")
+    assert "nothing was spent" in err
+
+
 def test_a_refusal_after_the_count_says_what_was_spent_and_how_to_go_on(files, tmp_path, capsys):
     """δ ≥ 1/n needs the DP count: the refusal comes after it, and says so."""
     code, err = _run(["privacy.delta=0.01", *ONE_SHOT], tmp_path, capsys)

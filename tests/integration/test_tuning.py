@@ -135,7 +135,7 @@ def test_public_validation_score_costs_nothing(tmp_path, single_thread, caplog):
     assert 0 <= summary["chosen"]["score"] <= 1
 
 
-def test_the_console_and_train_log_are_silent_about_the_candidates(tmp_path, single_thread, capsys):
+def test_the_console_and_train_log_are_silent_about_the_candidates(tmp_path, single_thread, capsys, monkeypatch):
     """K and the candidates are outside the theorem: their runs log only to the private file, and the chosen one's
     published seeds come from secret randomness, not from its index k (seed + k would lower-bound K)."""
     import importlib.util
@@ -150,6 +150,8 @@ def test_the_console_and_train_log_are_silent_about_the_candidates(tmp_path, sin
     entry = sys.modules["train_entry_tuning"] = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(entry)
     GlobalHydra.instance().clear()
+    monkeypatch.setenv("LIGHTNING_DP_PROGRESS", "1")
+    monkeypatch.setenv("LIGHTNING_DP_PROGRESS_SECONDS", "1")
     out = tmp_path / "run"
     # γ = 0.3, η = 1: E[K] ≈ 2.3 (the noise seed fixes K for the test)
     code = entry.cli([f"output_dir={out}", *TINY, *TINY_ONE_SHOT, "model.module.steps_per_epoch=2", "tune=default",
@@ -164,6 +166,13 @@ def test_the_console_and_train_log_are_silent_about_the_candidates(tmp_path, sin
     for text in (console, (out / "train.log").read_text()):
         assert "candidate_" not in text and "Data 'breast_cancer'" not in text and "Seed set to" not in text
         assert "model.module.num_features" not in text or "Tuning chose" in text  # only the chosen point
+    # the selection's length grows with K: the console shows its start and end only, the heartbeats (one a second
+    # here) are in the private log
+    progress = [line.split("progress: ")[1] for line in console.splitlines() if "progress: " in line]
+    start = next(i for i, line in enumerate(progress) if line.startswith("tuning: selection started"))
+    assert progress[start + 1].startswith("tuning: selection done"), progress  # no line in between
+    assert "elapsed" not in progress[start + 1]
+    assert private_log.count("progress: tuning: selection started") >= 2  # heartbeats, for the operator
     record = load_checkpoint(out / "checkpoints" / "last.ckpt")["lightning_dp"]
     chosen = private_csv[private_csv["chosen"]].iloc[0]
     assert record["config"]["seed"] == int(chosen["seed"])

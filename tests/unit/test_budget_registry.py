@@ -48,9 +48,9 @@ def test_rows_in_any_order_are_one_data_set_and_a_name_joins_versions(url):
     assert reg.dataset_for(fp) == first  # known rows: the name and budget are the registry's
     v2 = reg.dataset_for(reg.fingerprint(ROWS[1:], kind="tabular"), name="clinic")
     assert v2 == first and reg.versions(first) == 2
-    with pytest.raises(RegistryError, match="registered in the budget registry as data set 'clinic'"):
+    with pytest.raises(RegistryError, match="under another data set name than 'other'"):
         reg.dataset_for(fp, name="other")
-    with pytest.raises(RegistryError, match="python -m lightning_dp.budget set clinic 5"):
+    with pytest.raises(RegistryError, match="python -m lightning_dp.budget set NAME 5"):
         reg.dataset_for(fp, budget=5.0)
 
 
@@ -234,3 +234,67 @@ def test_the_command_line_shows_exports_and_logs_budget_changes(url, tmp_path, c
     events = reg.events(reg.dataset("clinic"))
     assert events[-1]["action"] == "raise_budget" and events[-1]["reason"] == "owner approved"
     assert events[-1]["before"] == 2.0 and events[-1]["after"] == 3.0
+
+
+def _version(reg: Registry, rows: np.ndarray, **kwargs):
+    digests = np.asarray(rows, dtype=np.uint64)
+    return reg.dataset_for(reg.fingerprint(digests, kind="tabular"), sketch=reg.sketch(digests), **kwargs)
+
+
+def test_a_changed_file_is_charged_to_the_data_set_it_changes(url):
+    reg = Registry(url)
+    d = np.arange(3000, 6000)
+    first = _version(reg, d)
+    assert _version(reg, np.append(d, 99_999)) == first  # D plus one row: the same data set, not a fresh budget
+    assert _version(reg, d[: len(d) // 2]) == first  # half of D: all its rows are D's
+    assert _version(reg, d[::-1][:2000]) == first and reg.versions(first) == 4
+    other = _version(reg, np.arange(10_000, 12_000))  # other rows: another data set
+    assert other != first and len(reg.datasets()) == 2
+    with pytest.raises(RegistryError, match="2 registered data sets.*Nothing was released"):
+        _version(reg, np.concatenate([d, np.arange(10_000, 12_000)]))  # mostly both: which budget is the owner's call
+    with pytest.raises(RegistryError, match="another registered data set than 'fresh'.*--separate"):
+        _version(reg, np.append(d, 12_345), name="fresh")  # a new name does not escape the budget either
+    assert [ds.name for ds in reg.datasets() if ds.name == "fresh"] == []
+    reg.set_budget("fresh", 2.0, reason="a separate study, approved", create=True, separate=True)
+    assert _version(reg, np.append(d, 12_345), name="fresh").name == "fresh"  # the owner's explicit declaration
+    events = [e["action"] for ds in reg.datasets() for e in reg.events(ds)]
+    assert events.count("new_version") == 4
+
+
+def test_registered_only_refuses_new_rows_but_not_a_registered_data_set(url):
+    reg = Registry(url)
+    d = np.arange(500)
+    known = _version(reg, d)
+    reg.set_policy(registered_only=True, reason="owner's rule")
+    assert reg.policy()["registered_only"]
+    with pytest.raises(RegistryError, match="registered data sets only.*set NAME EPSILON --create"):
+        _version(reg, np.arange(1000, 1500))
+    with pytest.raises(RegistryError, match="no data set 'clinic'"):
+        _version(reg, np.arange(1000, 1500), name="clinic")
+    reg.set_budget("clinic", 3.0, reason="registered by the owner", create=True)
+    assert _version(reg, np.arange(1000, 1500), name="clinic").name == "clinic"
+    assert _version(reg, np.append(d, 777)) == known  # a changed file of a registered data set is charged to it
+    with pytest.raises(RegistryError, match="in \\(0, 1\\)"):
+        reg.set_policy(overlap_threshold=1.5, reason="x")
+
+
+def test_the_data_sets_delta_budget_bounds_the_sum_of_its_runs_delta(url, tmp_path):
+    reg = Registry(url)
+    ds = reg.dataset_for(reg.fingerprint(ROWS, kind="tabular"), budget=100.0, budget_delta=2.5e-5)
+    assert ds.budget_delta == 2.5e-5
+    lease_a = reg.open_run(run_id="a", dataset=ds, ledger=_ledger(), output_dir=tmp_path / "a")
+    lease_b = reg.open_run(run_id="b", dataset=ds, ledger=_ledger(), output_dir=tmp_path / "b")  # Σδ = 2e-5
+    with pytest.raises(DatasetBudgetError, match="δ budget of 2.5e-05.*δ = 2e-05.*Nothing was released"):
+        reg.open_run(run_id="c", dataset=ds, ledger=_ledger(), output_dir=tmp_path / "c")
+    b = _ledger()
+    b.register = lambda led: reg.record(lease_b, led)
+    _spend(b, 8.0)
+    reg.close_run(lease_a)  # ended without a release: it holds no δ
+    reg.close_run(lease_b)  # ended after one: it keeps its δ
+    assert reg.run("a").delta_charge == 0 and reg.run("b").delta_charge == 1e-5
+    reg.open_run(run_id="c", dataset=ds, ledger=_ledger(), output_dir=tmp_path / "c")
+    with pytest.raises(RegistryError, match="raise only increases"):
+        reg.set_budget(ds.name, 100.0, reason="x", only_raise=True, delta=1e-5)
+    _, raised = reg.set_budget(ds.name, 100.0, reason="more runs", only_raise=True, delta=1e-4)
+    assert raised.budget_delta == 1e-4
+    reg.open_run(run_id="d", dataset=ds, ledger=_ledger(), output_dir=tmp_path / "d")

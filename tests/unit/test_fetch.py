@@ -66,7 +66,10 @@ def test_offline_exits_3_with_how_to_fetch_by_hand(tmp_path, monkeypatch, capsys
     err = capsys.readouterr().err
     assert "Offline?" in err and "archive.ics.uci.edu/ml/machine-learning-databases/adult/adult.data" in err
     assert f"verify adult --root {tmp_path}" in err
-    assert list((tmp_path / "adult").iterdir()) == []
+    assert not (tmp_path / "adult").exists()  # no empty folder left behind
+    root = tmp_path / "new" / "data"  # folders the fetch created are removed again
+    assert main(["fetch", "adult", "--root", str(root)]) == 3
+    assert not (tmp_path / "new").exists()
 
 
 def test_bad_names_and_unwritable_roots_exit_2(tmp_path, capsys):

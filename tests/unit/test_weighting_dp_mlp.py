@@ -1,5 +1,6 @@
 """priv_mlp (DP-SGD classifier weights) and discriminator weights: accuracy on a toy, accounting, refusals."""
 
+import logging
 import math
 
 import numpy as np
@@ -13,6 +14,7 @@ from lightning_dp.models.dp_merf import DPMERF
 from lightning_dp.nets.discriminators import ConditionalDiscriminator
 from lightning_dp.nets.generators import ConditionalGenerator
 from lightning_dp.privacy.ledger import PrivacyLedger
+from lightning_dp.progress import tracker
 from lightning_dp.weighting.base import PlanInputs
 from lightning_dp.weighting.discriminator import DiscriminatorWeights
 from lightning_dp.weighting.dp_mlp import DPSGDWeights
@@ -33,7 +35,7 @@ def inputs(n_syn=2000, **kw):
     return PlanInputs(num_real=2000.0, num_synthetic=n_syn, num_features=2, delta=DELTA, **kw)
 
 
-def test_priv_mlp_recovers_the_ratio_and_spends_exactly_its_plan():
+def test_priv_mlp_recovers_the_ratio_and_spends_exactly_its_plan(caplog):
     real, syn, true = toy()  # 1987 real rows, but the run's DP count says ñ_D = 2000
     est = DPSGDWeights(epsilon=3.0)
     plan = est.plan(inputs())
@@ -44,7 +46,12 @@ def test_priv_mlp_recovers_the_ratio_and_spends_exactly_its_plan():
     ledger = PrivacyLedger(target_epsilon=100.0, delta=DELTA)
     assert ledger.epsilon(plan) == pytest.approx(3.0, abs=1e-3) and ledger.epsilon(plan) <= 3.0
     est.ledger = ledger
-    fit = est.fit(real, syn, releases=plan, generator=torch.Generator().manual_seed(1))
+    caplog.set_level(logging.INFO, logger="lightning_dp.progress")
+    with tracker.session(every=3600, enabled=True):  # off a terminal: the plan's DP-SGD steps (public)
+        fit = est.fit(real, syn, releases=plan, generator=torch.Generator().manual_seed(1))
+    stages = [r.getMessage() for r in caplog.records if r.name == "lightning_dp.progress"]
+    assert stages[0].startswith("progress: weights (priv_mlp): train | 0/1240 DP-SGD steps (0%)")
+    assert stages[-1].startswith("progress: weights (priv_mlp): done")
 
     assert fit.log_w.shape == (2000,) and fit.keep is None and fit.private
     assert spearmanr(fit.log_w, true).correlation > 0.5
