@@ -298,3 +298,13 @@ def test_the_data_sets_delta_budget_bounds_the_sum_of_its_runs_delta(url, tmp_pa
     _, raised = reg.set_budget(ds.name, 100.0, reason="more runs", only_raise=True, delta=1e-4)
     assert raised.budget_delta == 1e-4
     reg.open_run(run_id="d", dataset=ds, ledger=_ledger(), output_dir=tmp_path / "d")
+
+
+def test_rows_registered_without_a_sketch_get_one_when_a_run_sees_them_again(url):
+    reg = Registry(url)
+    d = np.arange(2000, dtype=np.uint64)
+    first = reg.dataset_for(reg.fingerprint(d, kind="tabular"))  # as a schema-1 registry registered them
+    assert _version(reg, np.append(d, 5)) != first  # nothing to compare with yet: a new data set
+    assert _version(reg, d) == first  # a run on the same rows again: their sketch is kept now
+    with pytest.raises(RegistryError, match="2 registered data sets"):
+        _version(reg, np.append(d, 7))  # mostly both D's data set and the D-plus-one data set registered above
