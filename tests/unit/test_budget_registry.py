@@ -322,3 +322,21 @@ def test_a_throwaway_registry_is_fresh_and_never_the_users(tmp_path, monkeypatch
     assert resolve_url(None) == f"sqlite:///{path}" and "users" not in str(path) and not path.exists()
     assert default_budget() >= 1e9 and default_delta() > 0.99
     assert throwaway_registry() != path  # each call a new one
+
+
+def test_a_schema_1_registry_is_migrated_in_place(url):
+    reg = Registry(url)
+    ds = reg.dataset_for(reg.fingerprint(ROWS, kind="tabular"), name="old", budget=3.0)
+    with reg.engine.begin() as conn:  # back to what schema 1 wrote (no sketches, no δ budget, the old tag)
+        conn.execute(text("DROP TABLE ldp_sketches"))
+        conn.execute(text("ALTER TABLE ldp_datasets DROP COLUMN budget_delta"))
+        conn.execute(text("ALTER TABLE ldp_datasets DROP COLUMN separate"))
+        conn.execute(text("UPDATE ldp_meta SET value = '1' WHERE name = 'schema_version'"))
+        conn.execute(text("UPDATE ldp_datasets SET tag = :tag"), {"tag": reg._dataset_tag(ds.id, "old", 3.0)})
+    reg.close()
+    reg = Registry(url)
+    (old,) = reg.datasets()  # its tag still checks
+    assert (old.name, old.budget_epsilon, old.separate) == ("old", 3.0, False) and 0 < old.budget_delta < 1
+    _, raised = reg.set_budget("old", 4.0, reason="after the upgrade", delta=1e-4)
+    assert (raised.budget_epsilon, raised.budget_delta) == (4.0, 1e-4) and reg.datasets() == [raised]
+    assert _version(reg, ROWS) == raised  # its rows now get a sketch
