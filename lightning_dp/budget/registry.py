@@ -515,6 +515,10 @@ class Registry:
                              ).scalar_one_or_none()
         if known is not None:
             dataset = self._lock_dataset(conn, known)
+            if sketch is not None and conn.execute(select(t.sketches.c.fingerprint).where(
+                    t.sketches.c.fingerprint == fingerprint)).first() is None:  # registered before sketches (schema 1)
+                conn.execute(insert(t.sketches).values(fingerprint=fingerprint, dataset_id=dataset.id,
+                                                       sketch=sk.encode(sketch)))
             if name and name != dataset.name:  # the other name stays in the registry (the rows chose it)
                 raise RegistryError(f"These rows are registered in the budget registry under another data set name than "
                                     f"{name!r}: leave privacy.dataset_name out, or set the registered name (python -m "
