@@ -128,4 +128,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    from lightning_dp.budget import throwaway_registry
+
+    throwaway_registry()  # many trainings on public benchmark data: never the user's budget registry
     main()

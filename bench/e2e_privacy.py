@@ -229,4 +229,7 @@ def report(runs: list[Run], args: argparse.Namespace, cfg: DictConfig, per_side:
 
 
 if __name__ == "__main__":
+    from lightning_dp.budget import throwaway_registry
+
+    throwaway_registry()  # many trainings on public benchmark data: never the user's budget registry
     main()

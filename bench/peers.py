@@ -45,17 +45,31 @@ MISSING = "<missing>"
 ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
 
 
-def run_child(cmd: list[str], *, log: Path) -> tuple[float, float]:
-    """Run ``cmd`` (one thread), return (wall seconds, peak RSS in MiB); raise with the log's tail on failure."""
+class TimedOut(RuntimeError):
+    """A system ran past ``--timeout``: recorded as not finished."""
+
+
+def run_child(cmd: list[str], *, log: Path, timeout: float | None = None) -> tuple[float, float, float]:
+    """Run ``cmd`` (one thread), return (wall seconds, peak RSS in MiB, CPU seconds: user + system, the figure
+    that a busy shared machine changes least); raise with the log's tail on failure,
+    :class:`TimedOut` (after killing it) past ``timeout`` seconds."""
     env = {**os.environ, **ONE_THREAD, "PYTHONPATH": str(ROOT)}
     start = time.perf_counter()
     with log.open("w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
-        _, status, usage = os.wait4(proc.pid, 0)
+        while True:
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                break
+            if timeout is not None and time.perf_counter() - start > timeout:
+                proc.kill()
+                os.wait4(proc.pid, 0)
+                raise TimedOut(f"{' '.join(cmd[:4])} ... did not finish in {timeout:.0f} s")
+            time.sleep(0.5)
     wall = time.perf_counter() - start
     if os.waitstatus_to_exitcode(status) != 0:
         raise RuntimeError(f"{' '.join(cmd[:4])} ... failed; see {log}:\n" + "".join(log.read_text().splitlines(True)[-15:]))
-    return wall, usage.ru_maxrss / 1024
+    return wall, usage.ru_maxrss / 1024, usage.ru_utime + usage.ru_stime
 
 
 def peers_python() -> Path:
@@ -70,6 +84,11 @@ def peers_python() -> Path:
 def data_overrides(data: str, validate: bool, folder: Path) -> list[str]:
     from bench.reproduce import compose_cfg, validation_overrides
 
+    if data == "wide":  # generated rows: the validation rows are a fresh draw (seed 2), the test rows seed 1
+        from bench.wide_table import write
+
+        train, test, schema = write(folder / "wide", train_rows=30000, test_rows=10000, test_seed=2 if validate else 1)
+        return ["experiment=gem_wide", f"data.path={train}", f"data.test_path={test}", f"data.schema={schema}"]
     base = [f"experiment=gem_{data}"]
     return base + (validation_overrides(compose_cfg(base), folder) if validate else [])
 
@@ -118,23 +137,23 @@ def score(synth: pd.DataFrame, test: pd.DataFrame, schema: Any, seed: int) -> di
 
 
 def run_system(system: str, seed: int, args: argparse.Namespace, overrides: list[str], peer_files: tuple[Path, Path],
-               folder: Path) -> tuple[pd.DataFrame, float, float]:
+               folder: Path) -> tuple[pd.DataFrame, float, float, float]:
     out = folder / f"{system}_{seed}"
     out.mkdir(parents=True, exist_ok=True)
     if system == "gem":
         cmd = [sys.executable, "train.py", *overrides, f"seed={seed}", f"output_dir={out / 'run'}",
                f"num_samples={args.num_rows}", f"privacy.epsilon={args.epsilon}", f"privacy.delta={args.delta}",
                "trainer.enable_progress_bar=false", *args.set]
-        wall, rss = run_child(cmd, log=out / "log.txt")
-        return pd.read_csv(out / "run" / "synthetic.csv"), wall, rss
+        wall, rss, cpu = run_child(cmd, log=out / "log.txt", timeout=args.timeout)
+        return pd.read_csv(out / "run" / "synthetic.csv"), wall, rss, cpu
     train_csv, domain = peer_files
     cmd = [str(peers_python()), "bench/peers_worker.py", "--model", system, "--train", str(train_csv), "--domain",
            str(domain), "--epsilon", str(args.epsilon), "--delta", str(args.delta), "--num-rows", str(args.num_rows),
            "--seed", str(seed), "--bins", str(args.peer_bins), "--out", str(out / "synthetic.csv")]
     if system == "aim" and args.aim_rounds:
         cmd += ["--rounds", str(args.aim_rounds)]
-    wall, rss = run_child(cmd, log=out / "log.txt")
-    return pd.read_csv(out / "synthetic.csv"), wall, rss
+    wall, rss, cpu = run_child(cmd, log=out / "log.txt", timeout=args.timeout)
+    return pd.read_csv(out / "synthetic.csv"), wall, rss, cpu
 
 
 def fmt(values: list[float], digits: int = 3) -> str:
@@ -160,15 +179,23 @@ def append_result(path: Path, record: dict[str, Any]) -> None:
 def print_table(records: list[dict[str, Any]], real: dict[str, float] | None) -> None:
     """The markdown table: real rows, then each system's mean ± std over its seeds."""
     rows: dict[str, dict[str, list[float]]] = {}
+    unfinished = {r["label"]: r["timeout"] for r in records if "timeout" in r}
     for r in records:
-        for k in ("roc_hard", "roc_score", "tv2", "wall", "rss"):
-            rows.setdefault(r["label"], {}).setdefault(k, []).append(r[k])
-    print("\n| system | seeds | ROC hard | ROC score | 2-way TV | wall s | peak MiB |\n|---|---|---|---|---|---|---|")
+        if "timeout" in r:
+            continue
+        for k in ("roc_hard", "roc_score", "tv2", "wall", "cpu", "rss"):
+            if k in r:  # CPU time: records from before it was recorded lack it
+                rows.setdefault(r["label"], {}).setdefault(k, []).append(r[k])
+    print("\n| system | seeds | ROC hard | ROC score | 2-way TV | wall s | CPU s | peak MiB |\n"
+          "|---|---|---|---|---|---|---|---|")
     if real:
-        print(f"| real training rows | | {real['roc_hard']:.3f} | {real['roc_score']:.3f} | {real['tv2']:.3f} | | |")
+        print(f"| real training rows | | {real['roc_hard']:.3f} | {real['roc_score']:.3f} | {real['tv2']:.3f} | | | |")
     for label, v in rows.items():
         print(f"| {label} | {len(v['wall'])} | {fmt(v['roc_hard'])} | {fmt(v['roc_score'])} | {fmt(v['tv2'])} | "
-              f"{fmt(v['wall'], 0)} | {fmt(v['rss'], 0)} |")
+              f"{fmt(v['wall'], 0)} | {fmt(v['cpu'], 0) if 'cpu' in v else '–'} | {fmt(v['rss'], 0)} |")
+    for label, timeout in unfinished.items():
+        if label not in rows:
+            print(f"| {label} | | did not finish in {timeout:.0f} s | | | > {timeout:.0f} | | |")
 
 
 def merge(paths: list[str]) -> None:
@@ -179,6 +206,7 @@ def merge(paths: list[str]) -> None:
         where = f"{r['split']}; {r['machine']['host']} ({r['machine']['cpus']} cores, load {r['machine']['load1']}) " \
                 f"at {r['machine']['utc']}"
         what = f"seed {r['seed']}" if r["system"] != "real" else "real rows"
+        what += f" (did not finish in {r['timeout']:.0f} s)" if "timeout" in r else ""
         print(f"  {r['label']} {what}: {where}; overrides {r.get('overrides') or 'none'}")
     print_table(runs, real)
 
@@ -188,7 +216,8 @@ def main() -> None:
         merge(sys.argv[2:])
         return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", default="adult", choices=["adult", "cervical"])
+    parser.add_argument("--data", default="adult", choices=["adult", "cervical", "wide"],
+                        help="wide: bench/wide_table.py's 43-column claims-like rows (30,000 training, 10,000 test)")
     parser.add_argument("--systems", nargs="+", default=["gem", "aim", "mst"], choices=["gem", "aim", "mst"])
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--peer-seeds", nargs="+", type=int, default=None, help="AIM's and MST's seeds (default: --seeds)")
@@ -201,6 +230,8 @@ def main() -> None:
     parser.add_argument("--set", nargs="*", default=[], help="extra overrides for GEM's train.py")
     parser.add_argument("--skip-real", action="store_true", help="do not score the real training rows")
     parser.add_argument("--out", default=None, help="keep the runs here (default: a temporary folder)")
+    parser.add_argument("--timeout", type=float, default=None, help="stop a system after this many seconds "
+                        "(recorded as not finished)")
     parser.add_argument("--results", default=None, help="append each run's figures to this JSON-lines file")
     args = parser.parse_args()
     results = Path(args.results) if args.results else None
@@ -228,17 +259,27 @@ def main() -> None:
         for system in args.systems:
             for seed in args.seeds if system == "gem" or args.peer_seeds is None else args.peer_seeds:
                 state = machine_state()
-                synth, wall, rss = run_system(system, seed, args, overrides, peer_files, folder)
+                try:
+                    synth, wall, rss, cpu = run_system(system, seed, args, overrides, peer_files, folder)
+                except TimedOut as err:
+                    print(f"  {system} seed {seed}: {err}", flush=True)
+                    if results:
+                        append_result(results, {"system": system, "label": label[system], "seed": seed, "split": split,
+                                                "timeout": args.timeout, "machine": state})
+                    continue
                 s = score(synth, test, schema, seed)
                 record = {"system": system, "label": label[system], "seed": seed, "split": split, **s, "wall": wall,
-                          "rss": rss, "overrides": args.set if system == "gem" else [], "machine": state}
+                          "cpu": cpu, "rss": rss, "overrides": args.set if system == "gem" else [], "machine": state}
                 records.append(record)
                 if results:
                     append_result(results, record)
                 print(f"  {system} seed {seed}: ROC hard {s['roc_hard']:.3f}, score {s['roc_score']:.3f}, 2-way TV "
-                      f"{s['tv2']:.3f}; {wall:.0f} s, peak {rss:.0f} MiB", flush=True)
+                      f"{s['tv2']:.3f}; {wall:.0f} s wall, {cpu:.0f} s CPU, peak {rss:.0f} MiB", flush=True)
         print_table(records, real)
 
 
 if __name__ == "__main__":
+    from lightning_dp.budget import throwaway_registry
+
+    throwaway_registry()  # many trainings on public benchmark data: never the user's budget registry
     main()

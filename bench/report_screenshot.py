@@ -104,4 +104,7 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    from lightning_dp.budget import throwaway_registry
+
+    throwaway_registry()  # many trainings on public benchmark data: never the user's budget registry
     sys.exit(main())

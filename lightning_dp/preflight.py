@@ -30,7 +30,8 @@ MIN_FREE_BYTES = 64 * 2**20  # ledger, config, logs and the pre-training record
 
 
 PRIVACY_KEYS = ("epsilon", "delta", "accountant", "adjacency", "allow_large_delta", "count_budget_fraction",
-                "noise_seed", "require_dp", "dp_sgd", "registry", "dataset_name", "dataset_budget")
+                "noise_seed", "require_dp", "dp_sgd", "registry", "dataset_name", "dataset_budget",
+                "dataset_delta")
 DP_SGD_KEYS = ("max_grad_norm", "noise_multiplier", "mode")
 TOP_KEYS = ("data", "model", "privacy", "trainer", "callbacks", "audit", "experiment", "seed", "output_dir", "resume",
             "resume_external", "num_samples", "tuned", "weights", "tune")

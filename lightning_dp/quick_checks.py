@@ -99,6 +99,8 @@ def check_ranges(cfg: Mapping[str, Any], plain: Any = lambda v: v) -> None:
     check_number(plain(privacy.get("delta")), "privacy.delta", low=0, high=0.5, low_open=True)
     if privacy.get("dataset_budget") is not None:
         check_number(plain(privacy.get("dataset_budget")), "privacy.dataset_budget", low=0, high=1e4, low_open=True)
+    if privacy.get("dataset_delta") is not None:
+        check_number(plain(privacy.get("dataset_delta")), "privacy.dataset_delta", low=0, high=0.5, low_open=True)
     name = plain(privacy.get("dataset_name"))
     if name is not None and not (isinstance(name, str) and 0 < len(name) <= 200):
         raise ConfigError(f"privacy.dataset_name must be a name of 1 to 200 characters, got {name!r}.")

@@ -33,11 +33,12 @@ def make_cfg(tmp_path: Path, *overrides: str) -> DictConfig:
 @pytest.fixture(scope="module", autouse=True)
 def budget_registry(tmp_path_factory) -> Iterator[Path]:
     """Each test module its own budget registry (a fresh SQLite file), so modules never share a data set's budget,
-    with a large default budget (the tests of budgets set their own); child processes inherit it."""
+    with large default budgets (the tests of budgets set their own); child processes inherit it."""
     path = tmp_path_factory.mktemp("registry") / "budget.sqlite"
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("LIGHTNING_DP_REGISTRY", str(path))
         mp.setenv("LIGHTNING_DP_DEFAULT_BUDGET", "1000")
+        mp.setenv("LIGHTNING_DP_DEFAULT_DELTA", "0.5")
         yield path
 
 

@@ -12,7 +12,8 @@ from lightning_dp.budget.registry import (
     TamperedError,
     resolve_url,
 )
-from lightning_dp.budget.run import RunBudget, in_tuning, tuning_candidates
+from lightning_dp.budget.run import RunBudget, in_tuning, throwaway_registry, tuning_candidates
 
 __all__ = ["DatasetBudgetError", "Registry", "RegistryError", "RunBudget", "RunBusyError", "TamperedError",
-           "in_tuning", "resolve_url", "tuning_candidates"]
+           "in_tuning", "resolve_url", "throwaway_registry",
+           "tuning_candidates"]

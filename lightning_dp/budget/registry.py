@@ -1,14 +1,24 @@
-"""The budget registry: one ε budget per data set, across every run, folder and machine, kept in a database.
+"""The budget registry: one (ε, δ) budget per data set, across every run, folder and machine, kept in a database.
 
 A data set is known by a keyed fingerprint of its canonical rows (``fingerprint``) and, optionally, a name its
-owner gives it (then every version of the rows under that name shares one budget). Runs compose by adding their
-ε (basic composition: a data set that k runs read with (ε_i, δ_i) is (Σ ε_i, Σ δ_i)-DP), so the registry keeps:
+owner gives it (then every version of the rows under that name shares one budget). Rows first seen that are for the
+most part a registered data set's rows (a keyed bottom-k sketch per version, ``sketch.py``; D plus or minus some rows)
+are charged to that data set rather than given a fresh budget; the owner may also let runs use registered data sets
+only (``policy``).
 
-* a **claim** per active run: its target ε, taken from the data set's budget when the run starts or resumes
-  (``open_run``), so a run that could not finish is refused before it releases anything;
+Runs compose by basic composition (Dwork & Roth, "The Algorithmic Foundations of Differential Privacy", Thm 3.16): a
+data set that k runs read with (ε_i, δ_i)-DP mechanisms is (Σ ε_i, Σ δ_i)-DP, whatever the runs were and however
+they were chosen (each run's mechanism may depend on earlier runs' outputs: the theorem holds for adaptive
+composition). It needs nothing from the runs beyond each one's own (ε_i, δ_i) guarantee, which its ledger proves, so
+it is sound across accountants, models and machines; it is loose next to composing the runs' Rényi curves, which the
+registry does not do (runs' curves at different orders and PRV bounds do not combine). So the registry enforces
+Σ ε_i ≤ the data set's ε budget and Σ δ_i ≤ its δ budget, and keeps:
+
+* a **claim** per active run: its target ε and its δ, taken from the data set's budgets when the run starts or
+  resumes (``open_run``), so a run that could not finish is refused before it releases anything;
 * the run's **spend** (its ledger's ε, with what it reserved), recorded with its whole ledger state in the same
-  transaction that checks it (``record``); the ledger calls it before a release's value is used or saved;
-* after the run ends (``close_run``), its charge is what it spent.
+  transaction that checks it (``record``); the ledger calls it before a release's value is saved or used;
+* after the run ends (``close_run``), its charge is what it spent (and its δ, if it released anything).
 
 Every decision locks the data set's row first (``SELECT ... FOR UPDATE`` on PostgreSQL, the database write lock
 on SQLite), so runs on many machines cannot both spend the last of a budget. Records carry HMAC tags under the
@@ -38,6 +48,7 @@ import numpy as np
 from sqlalchemy import Connection, Engine, create_engine, event, exc, func, insert, select, text, update
 from sqlalchemy.engine import make_url
 
+from lightning_dp.budget import sketch as sk
 from lightning_dp.budget import tables as t
 from lightning_dp.errors import UserError
 from lightning_dp.privacy.ledger import BudgetExceededError, PrivacyLedger
@@ -48,6 +59,9 @@ ENV_URL = "LIGHTNING_DP_REGISTRY"          # where the registry is when privacy.
 ENV_KEY = "LIGHTNING_DP_REGISTRY_KEY"      # the HMAC key (else one is generated and kept in the registry)
 ENV_DEFAULT_BUDGET = "LIGHTNING_DP_DEFAULT_BUDGET"  # the registry-wide default below, for an administrator
 DEFAULT_DATASET_BUDGET = 10.0              # ε of a data set first seen without privacy.dataset_budget
+ENV_DEFAULT_DELTA = "LIGHTNING_DP_DEFAULT_DELTA"  # the registry-wide default δ budget, for an administrator
+DEFAULT_DATASET_DELTA = 1e-3               # Σ δ of a data set's runs, when first seen without privacy.dataset_delta
+OVERLAP_THRESHOLD = 0.5                    # rows mostly (> this share, either way) a registered data set's are charged to it
 LEASE_TTL_S = 60.0                         # a run's lease lapses this long after its last heartbeat
 HEARTBEAT_S = 10.0
 TOLERANCE = 1e-9
@@ -102,6 +116,25 @@ def default_budget() -> float:
     return value
 
 
+def default_delta() -> float:
+    """δ budget a data set gets when first registered without ``privacy.dataset_delta``: ``$LIGHTNING_DP_DEFAULT_DELTA``,
+    else 1e-3.
+
+    Raises:
+        RegistryError: the variable is not a number in (0, 1).
+    """
+    text = os.environ.get(ENV_DEFAULT_DELTA)
+    if not text:
+        return DEFAULT_DATASET_DELTA
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 < value < 1:
+        raise RegistryError(f"${ENV_DEFAULT_DELTA}={text!r} must be a δ in (0, 1).")
+    return value
+
+
 def default_location() -> Path:
     """The embedded default: ``$XDG_DATA_HOME/lightning-dp/budget.sqlite`` (``~/.local/share/...``)."""
     base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
@@ -147,7 +180,8 @@ def public_label(name: str | None) -> str:
     """How a run's streams and files name its data set: the owner's ``privacy.dataset_name`` (public config), never
     what the registry knows from the rows (an unnamed data set's ``fp-...`` name is a keyed function of the rows: two
     runs' logs naming it would tell D from D plus one row)."""
-    return repr(name) if name else "unnamed data set (its name, for the registry's owner: python -m lightning_dp.budget list)"
+    return (f"data set {name!r}" if name else
+            "the unnamed data set (its name, for the registry's owner: python -m lightning_dp.budget list)")
 
 
 def _canonical(obj: Any) -> bytes:
@@ -161,6 +195,8 @@ class Dataset:
     id: int
     name: str
     budget_epsilon: float
+    budget_delta: float = DEFAULT_DATASET_DELTA
+    separate: bool = False
 
 
 @dataclass(frozen=True)
@@ -190,6 +226,16 @@ class RunRow:
         """What the run holds of its data set's budget: its claim while active, its spend after it ended."""
         return max(self.claim_epsilon, self.epsilon_committed) if self.active else self.epsilon_committed
 
+    @property
+    def delta_charge(self) -> float:
+        """The δ the run holds: its δ while active or once it released anything; 0 for an ended run that released
+        nothing."""
+        return _delta_charge(self.active, self.delta, self.epsilon_committed)
+
+
+def _delta_charge(active: bool, delta: float, committed: float) -> float:
+    return float(delta) if active or committed > 0 else 0.0
+
 
 @dataclass(frozen=True)
 class Lease:
@@ -200,7 +246,7 @@ class Lease:
     token: str
     dataset: Dataset
     claim_epsilon: float
-    label: str = "unnamed data set"
+    label: str = "the unnamed data set"
 
 
 def _pid_alive(pid: int | None) -> bool:
@@ -314,6 +360,11 @@ class Registry:
                     rows.append({"name": "key", "value": key.hex()})
                 conn.execute(insert(t.meta), rows)
                 return key
+            if stored.get("schema_version") == "1":  # a δ budget and the separate mark per data set (sketches: new table)
+                conn.execute(text("ALTER TABLE ldp_datasets ADD COLUMN budget_delta FLOAT"))
+                conn.execute(text("ALTER TABLE ldp_datasets ADD COLUMN separate BOOLEAN NOT NULL DEFAULT FALSE"))
+                conn.execute(update(t.meta).where(t.meta.c.name == "schema_version").values(value=t.SCHEMA_VERSION))
+                stored["schema_version"] = t.SCHEMA_VERSION
         if stored.get("schema_version") != t.SCHEMA_VERSION:
             raise RegistryError(f"The budget registry at {self.display} has schema version "
                                 f"{stored.get('schema_version')!r}; this lightning-dp reads {t.SCHEMA_VERSION!r}.")
@@ -367,15 +418,20 @@ class Registry:
         mac.update(rows.tobytes())
         return mac.hexdigest()
 
-    def _dataset_tag(self, dataset_id: int, name: str, budget: float) -> str:
-        return self._mac("dataset", dataset_id, name, float(budget))
+    def _dataset_tag(self, dataset_id: int, name: str, budget: float, delta: float | None = None,
+                     separate: bool = False) -> str:
+        if delta is None and not separate:  # as schema 1 tagged it
+            return self._mac("dataset", dataset_id, name, float(budget))
+        return self._mac("dataset", dataset_id, name, float(budget), delta, bool(separate))
 
     def _dataset(self, row: Any) -> Dataset:
-        if not hmac.compare_digest(row.tag, self._dataset_tag(row.id, row.name, row.budget_epsilon)):
+        if not hmac.compare_digest(row.tag, self._dataset_tag(row.id, row.name, row.budget_epsilon, row.budget_delta,
+                                                              row.separate)):
             raise TamperedError(f"The budget registry's row for data set {row.name!r} was changed outside lightning-dp "
                                 f"(its tag does not match). Budgets change only with python -m lightning_dp.budget "
                                 "set/raise; restore the row from a backup.")
-        return Dataset(id=row.id, name=row.name, budget_epsilon=row.budget_epsilon)
+        return Dataset(id=row.id, name=row.name, budget_epsilon=row.budget_epsilon, separate=bool(row.separate),
+                       budget_delta=default_delta() if row.budget_delta is None else float(row.budget_delta))
 
     def _run_tag(self, run_id: str, dataset_id: int, seq: int, state_text: str, claim: float, spent: float,
                  committed: float) -> str:
@@ -399,24 +455,34 @@ class Registry:
                                              run_id=run_id, detail=json.dumps(detail, default=str)))
 
     # ------------------------------------------------------------------ data sets
-    def dataset_for(self, fingerprint: str, *, name: str | None = None, budget: float | None = None) -> Dataset:
-        """The data set these rows belong to, registering it (or this version of a named one) on first sight.
+    def dataset_for(self, fingerprint: str, *, name: str | None = None, budget: float | None = None,
+                    sketch: np.ndarray | None = None, budget_delta: float | None = None) -> Dataset:
+        """The data set these rows belong to, registering them (or this version of a known data set) on first sight.
+
+        Rows not seen before join the data set they mostly are (:meth:`overlaps`: more than the registry's overlap
+        threshold of one set's rows in the other, either way), so a changed file is charged to the data set it
+        changes; without such a data set they form a new one, unless the registry accepts registered data sets only.
 
         Args:
             fingerprint: :meth:`fingerprint` of the rows.
             name: ``privacy.dataset_name``: the owner's name; rows first seen under it join its budget.
-            budget: ``privacy.dataset_budget``: the budget of a data set registered now; for a known one it must
+            budget: ``privacy.dataset_budget``: the ε budget of a data set registered now; for a known one it must
                 equal the registered budget (a change is an explicit act: ``python -m lightning_dp.budget``).
+            sketch: :meth:`sketch` of the rows (``None``: no overlap check, nothing kept for later ones).
+            budget_delta: ``privacy.dataset_delta``: the δ budget of a data set registered now.
 
         Raises:
-            RegistryError: the rows are registered under another name, or ``budget`` disagrees with the registry.
+            RegistryError: the rows are registered under another name, overlap a data set other than the one they
+                would join, are new to a registry that accepts registered data sets only, or ``budget`` disagrees.
         """
         if budget is not None and not (math.isfinite(budget) and budget > 0):
             raise RegistryError(f"privacy.dataset_budget must be a finite ε > 0, got {budget!r}.")
+        if budget_delta is not None and not 0 < budget_delta < 1:
+            raise RegistryError(f"privacy.dataset_delta must be a δ in (0, 1), got {budget_delta!r}.")
         for attempt in range(3):  # two first sightings at once on PostgreSQL: the loser retries and finds the row
             try:
                 with self._transaction("register the data set") as conn:
-                    return self._dataset_for(conn, fingerprint, name, budget)
+                    return self._dataset_for(conn, fingerprint, name, budget, sketch, budget_delta)
             except RegistryError as err:
                 if attempt == 2 or not isinstance(err.__cause__, exc.IntegrityError):
                     raise
@@ -429,64 +495,121 @@ class Registry:
                                .where(t.fingerprints.c.fingerprint == fingerprint)).one_or_none()
         return None if row is None else self._dataset(row)
 
-    def _dataset_for(self, conn: Connection, fingerprint: str, name: str | None, budget: float | None) -> Dataset:
+    def sketch(self, digests: np.ndarray) -> np.ndarray:
+        """The rows' keyed bottom-k sketch (``lightning_dp/budget/sketch.py``), from their canonical row digests."""
+        return sk.bottom_k(sk.keyed_hashes(digests, self._key))
+
+    def overlaps(self, conn: Connection, sketch: np.ndarray) -> dict[int, float]:
+        """Data sets whose registered versions share more than the overlap threshold of their rows with ``sketch``'s
+        (the larger of the two containments), with that share."""
+        threshold = float(self.policy(conn)["overlap_threshold"])
+        found: dict[int, float] = {}
+        for row in conn.execute(select(t.sketches.c.dataset_id, t.sketches.c.sketch)):
+            share = max(sk.containment(sketch, sk.decode(row.sketch)))
+            if share > threshold:
+                found[row.dataset_id] = max(share, found.get(row.dataset_id, 0.0))
+        return found
+
+    def _dataset_for(self, conn: Connection, fingerprint: str, name: str | None, budget: float | None,
+                     sketch: np.ndarray | None, budget_delta: float | None) -> Dataset:
         known = conn.execute(select(t.fingerprints.c.dataset_id).where(t.fingerprints.c.fingerprint == fingerprint)
                              ).scalar_one_or_none()
         if known is not None:
             dataset = self._lock_dataset(conn, known)
+            if sketch is not None and conn.execute(select(t.sketches.c.fingerprint).where(
+                    t.sketches.c.fingerprint == fingerprint)).first() is None:  # registered before sketches (schema 1)
+                conn.execute(insert(t.sketches).values(fingerprint=fingerprint, dataset_id=dataset.id,
+                                                       sketch=sk.encode(sketch)))
             if name and name != dataset.name:  # the other name stays in the registry (the rows chose it)
                 raise RegistryError(f"These rows are registered in the budget registry under another data set name than "
                                     f"{name!r}: leave privacy.dataset_name out, or set the registered name (python -m "
                                     "lightning_dp.budget list shows it to the registry's owner). Nothing was released.")
         else:
-            row = conn.execute(select(t.datasets).where(t.datasets.c.name == name).with_for_update()
-                               ).one_or_none() if name else None
-            if row is not None:
-                dataset = self._dataset(row)
-                self._event(conn, "new_version", dataset_id=dataset.id, fingerprint=fingerprint[:16])
-            else:
-                dataset = self._create(conn, name or f"fp-{fingerprint[:12]}", budget, source="privacy.dataset_budget"
-                                       if budget is not None else "default")
-            conn.execute(insert(t.fingerprints).values(fingerprint=fingerprint, dataset_id=dataset.id,
-                                                       first_seen=_now()))
+            dataset = self._new_version(conn, fingerprint, name, budget, sketch, budget_delta)
         if budget is not None and abs(budget - dataset.budget_epsilon) > TOLERANCE * max(1.0, budget):
-            raise RegistryError(f"privacy.dataset_budget={budget:g} differs from the budget the registry holds for the "
+            raise RegistryError(f"privacy.dataset_budget={budget:g} differs from the budget the registry holds for "
                                 f"{public_label(name)}. Leave privacy.dataset_budget out, or change the budget explicitly: "
                                 f"python -m lightning_dp.budget set {name or 'NAME'} {budget:g} --reason TEXT.")
         return dataset
 
-    def _create(self, conn: Connection, name: str, budget: float | None, *, source: str) -> Dataset:
+    def _new_version(self, conn: Connection, fingerprint: str, name: str | None, budget: float | None,
+                     sketch: np.ndarray | None, budget_delta: float | None) -> Dataset:
+        """Rows seen for the first time: the data set they join (by name, or by overlap) or a new one."""
+        overlap = self.overlaps(conn, sketch) if sketch is not None else {}
+        row = conn.execute(select(t.datasets).where(t.datasets.c.name == name).with_for_update()
+                           ).one_or_none() if name else None
+        named = self._dataset(row) if row is not None else None
+        if named is None and not name and len(overlap) == 1:  # a changed file of a known data set: charged to it
+            named = self._lock_dataset(conn, next(iter(overlap)))
+        others = [d for d in overlap if named is None or d != named.id]
+        if others and not (named is not None and named.separate):
+            raise RegistryError(
+                "These rows are for the most part the rows of " + ("another registered data set" if len(others) == 1
+                                                                   else f"{len(others)} registered data sets")
+                + (f" than {name!r}" if name else "") + ", so they share its budget. Run them under that data set's "
+                "privacy.dataset_name (python -m lightning_dp.budget list shows the registry's owner which), or the "
+                "owner declares a separate data set: python -m lightning_dp.budget set NAME EPSILON --create --separate "
+                "--reason TEXT, then privacy.dataset_name=NAME. Nothing was released.")
+        if named is not None:
+            dataset = named
+            self._event(conn, "new_version", dataset_id=dataset.id, fingerprint=fingerprint[:16],
+                        overlap=round(overlap[dataset.id], 3) if dataset.id in overlap else None)
+        elif self.policy(conn)["registered_only"]:
+            raise RegistryError(
+                "The budget registry accepts registered data sets only, and these rows belong to none"
+                + (f" (no data set {name!r})" if name else "") + ". The data's owner registers it: python -m "
+                "lightning_dp.budget set NAME EPSILON --create --reason TEXT; then run with privacy.dataset_name=NAME. "
+                "Nothing was released.")
+        else:
+            dataset = self._create(conn, name or f"fp-{fingerprint[:12]}", budget, budget_delta=budget_delta,
+                                   source="privacy.dataset_budget" if budget is not None else "default")
+        conn.execute(insert(t.fingerprints).values(fingerprint=fingerprint, dataset_id=dataset.id, first_seen=_now()))
+        if sketch is not None:
+            conn.execute(insert(t.sketches).values(fingerprint=fingerprint, dataset_id=dataset.id,
+                                                   sketch=sk.encode(sketch)))
+        return dataset
+
+    def _create(self, conn: Connection, name: str, budget: float | None, *, source: str,
+                budget_delta: float | None = None, separate: bool = False) -> Dataset:
         value = default_budget() if budget is None else float(budget)
+        delta = default_delta() if budget_delta is None else float(budget_delta)
         stamp = _now()
-        dataset_id = conn.execute(insert(t.datasets).values(name=name, budget_epsilon=value, created_at=stamp,
-                                                            updated_at=stamp, tag="")).inserted_primary_key[0]
+        dataset_id = conn.execute(insert(t.datasets).values(name=name, budget_epsilon=value, budget_delta=delta,
+                                                            separate=separate, created_at=stamp, updated_at=stamp,
+                                                            tag="")).inserted_primary_key[0]
         conn.execute(update(t.datasets).where(t.datasets.c.id == dataset_id)
-                     .values(tag=self._dataset_tag(dataset_id, name, value)))
+                     .values(tag=self._dataset_tag(dataset_id, name, value, delta, separate)))
         # kept in the registry's event log (``python -m lightning_dp.budget list/show``), not in the run's streams:
         # whether rows are new to the registry is a function of the rows
-        self._event(conn, "create_dataset", dataset_id=dataset_id, name=name, budget_epsilon=value, source=source)
-        return Dataset(id=dataset_id, name=name, budget_epsilon=value)
+        self._event(conn, "create_dataset", dataset_id=dataset_id, name=name, budget_epsilon=value, budget_delta=delta,
+                    separate=separate, source=source)
+        return Dataset(id=dataset_id, name=name, budget_epsilon=value, budget_delta=delta, separate=separate)
 
-    def set_budget(self, name: str, epsilon: float, *, reason: str, only_raise: bool = False,
-                   create: bool = False) -> tuple[float | None, Dataset]:
+    def set_budget(self, name: str, epsilon: float, *, reason: str, only_raise: bool = False, create: bool = False,
+                   delta: float | None = None, separate: bool | None = None) -> tuple[float | None, Dataset]:
         """Set a data set's budget (an explicit act, logged with who, when and why).
 
         Args:
             name: the data set's name (``fp-...`` for an unnamed one).
-            epsilon: the new budget.
+            epsilon: the new ε budget.
             reason: why; kept in the event log.
-            only_raise: refuse a value below the current budget (``raise``).
+            only_raise: refuse a value below the current budget (``raise``), ε or δ.
             create: register a named data set that does not exist yet (its runs then attach by
                 ``privacy.dataset_name``).
+            delta: the new δ budget (``None``: unchanged; the default for a new data set).
+            separate: mark the data set separate (rows that overlap other data sets may join it) or not; ``None``:
+                unchanged.
 
         Returns:
-            The previous budget (``None`` when created) and the data set.
+            The previous ε budget (``None`` when created) and the data set.
 
         Raises:
-            RegistryError: unknown name, ε not > 0, or a lower value under ``only_raise``.
+            RegistryError: unknown name, ε not > 0, δ not in (0, 1), or a lower value under ``only_raise``.
         """
         if not (math.isfinite(epsilon) and epsilon > 0):
             raise RegistryError(f"A budget must be a finite ε > 0, got {epsilon!r}.")
+        if delta is not None and not 0 < delta < 1:
+            raise RegistryError(f"A δ budget must be in (0, 1), got {delta!r}.")
         if not reason.strip():
             raise RegistryError("Say why with --reason TEXT: a budget change is logged with who, when and why.")
         with self._transaction("change the budget") as conn:
@@ -495,27 +618,80 @@ class Registry:
                 if not create:
                     raise RegistryError(f"No data set {name!r} in the registry at {self.display}; list them with "
                                         "python -m lightning_dp.budget list (or pass --create to register a name).")
-                return None, self._create(conn, name, epsilon, source=f"set: {reason}")
+                return None, self._create(conn, name, epsilon, source=f"set: {reason}", budget_delta=delta,
+                                          separate=bool(separate))
             dataset = self._dataset(row)
-            if only_raise and epsilon < dataset.budget_epsilon:
-                raise RegistryError(f"raise only increases a budget: {name!r} has ε = {dataset.budget_epsilon:g}; use set "
-                                    "to lower it.")
+            new_delta = dataset.budget_delta if delta is None else float(delta)
+            new_separate = dataset.separate if separate is None else bool(separate)
+            if only_raise and (epsilon < dataset.budget_epsilon or new_delta < dataset.budget_delta):
+                raise RegistryError(f"raise only increases a budget: {name!r} has ε = {dataset.budget_epsilon:g}, δ = "
+                                    f"{dataset.budget_delta:g}; use set to lower it.")
             conn.execute(update(t.datasets).where(t.datasets.c.id == dataset.id).values(
-                budget_epsilon=float(epsilon), updated_at=_now(),
-                tag=self._dataset_tag(dataset.id, dataset.name, float(epsilon))))
+                budget_epsilon=float(epsilon), budget_delta=new_delta, separate=new_separate, updated_at=_now(),
+                tag=self._dataset_tag(dataset.id, dataset.name, float(epsilon), new_delta, new_separate)))
             self._event(conn, "raise_budget" if only_raise else "set_budget", dataset_id=dataset.id,
-                        before=dataset.budget_epsilon, after=float(epsilon), reason=reason)
-        log.warning("Budget of data set %r changed from ε = %g to ε = %g by %s (%s).", name, dataset.budget_epsilon,
-                    epsilon, actor(), reason)
-        return dataset.budget_epsilon, Dataset(id=dataset.id, name=dataset.name, budget_epsilon=float(epsilon))
+                        before=dataset.budget_epsilon, after=float(epsilon), delta_before=dataset.budget_delta,
+                        delta_after=new_delta, separate=new_separate, reason=reason)
+        log.warning("Budget of data set %r changed from ε = %g, δ = %g to ε = %g, δ = %g by %s (%s).", name,
+                    dataset.budget_epsilon, dataset.budget_delta, epsilon, new_delta, actor(), reason)
+        return dataset.budget_epsilon, Dataset(id=dataset.id, name=dataset.name, budget_epsilon=float(epsilon),
+                                               budget_delta=new_delta, separate=new_separate)
+
+    # ------------------------------------------------------------------ policy
+    def policy(self, conn: Connection | None = None) -> dict[str, Any]:
+        """The owner's registry-wide settings: ``registered_only`` (runs may not register new data sets) and
+        ``overlap_threshold`` (the share of rows above which new rows are charged to a registered data set)."""
+        if conn is None:
+            with self._errors("read the policy"), self.engine.connect() as c:
+                return self.policy(c)
+        stored = {r.name: r.value for r in conn.execute(select(t.meta).where(
+            t.meta.c.name.in_(("registered_only", "overlap_threshold"))))}
+        return {"registered_only": stored.get("registered_only") == "true",
+                "overlap_threshold": float(stored.get("overlap_threshold", OVERLAP_THRESHOLD))}
+
+    def set_policy(self, *, reason: str, registered_only: bool | None = None,
+                   overlap_threshold: float | None = None) -> dict[str, Any]:
+        """Change the policy (an explicit act, logged).
+
+        Raises:
+            RegistryError: no reason, or a threshold outside (0, 1).
+        """
+        if not reason.strip():
+            raise RegistryError("Say why with --reason TEXT: a policy change is logged with who, when and why.")
+        if overlap_threshold is not None and not 0 < overlap_threshold < 1:
+            raise RegistryError(f"--overlap-threshold must be in (0, 1), got {overlap_threshold!r}.")
+        changes = {k: v for k, v in (("registered_only", None if registered_only is None else
+                                      ("true" if registered_only else "false")),
+                                     ("overlap_threshold", None if overlap_threshold is None else
+                                      repr(float(overlap_threshold)))) if v is not None}
+        with self._transaction("change the policy") as conn:
+            before = self.policy(conn)
+            for key, value in changes.items():
+                done = conn.execute(update(t.meta).where(t.meta.c.name == key).values(value=value)).rowcount
+                if not done:
+                    conn.execute(insert(t.meta).values(name=key, value=value))
+            after = self.policy(conn)
+            self._event(conn, "set_policy", before=before, after=after, reason=reason)
+        return after
 
     # ------------------------------------------------------------------ runs
-    def _charges(self, conn: Connection, dataset_id: int, *, besides: str) -> float:
-        """What the data set's other runs hold: claims of active runs, spends of ended ones."""
+    def _charges(self, conn: Connection, dataset_id: int, *, besides: str) -> tuple[float, float]:
+        """What the data set's other runs hold, (ε, δ): claims of active runs, spends of ended ones (δ: each run's δ,
+        once it is active or released anything; basic composition, see the module docstring)."""
         c = t.runs.c
-        rows = conn.execute(select(c.active, c.claim_epsilon, c.epsilon_committed)
+        rows = conn.execute(select(c.active, c.claim_epsilon, c.epsilon_committed, c.delta)
                             .where(c.dataset_id == dataset_id, c.run_id != besides)).all()
-        return float(sum(max(r.claim_epsilon, r.epsilon_committed) if r.active else r.epsilon_committed for r in rows))
+        eps = sum(max(r.claim_epsilon, r.epsilon_committed) if r.active else r.epsilon_committed for r in rows)
+        return float(eps), float(sum(_delta_charge(r.active, r.delta, r.epsilon_committed) for r in rows))
+
+    @staticmethod
+    def _check_delta(dataset: Dataset, others: float, delta: float, label: str, command: str) -> None:
+        if others + delta > dataset.budget_delta * (1 + TOLERANCE):
+            raise DatasetBudgetError(
+                f"The δ budget of {label} is {dataset.budget_delta:g} across all its runs (their δ add up); its "
+                f"other runs hold δ = {others:.3g}, so this run's privacy.delta={delta:g} does not fit. Nothing was "
+                f"released. Lower privacy.delta, or raise the δ budget: python -m lightning_dp.budget raise {command} "
+                "EPSILON --delta DELTA --reason TEXT.")
 
     def open_run(self, *, run_id: str, dataset: Dataset, ledger: PrivacyLedger, output_dir: str | Path,
                  external_of: str | None = None, name: str | None = None) -> Lease:
@@ -557,13 +733,14 @@ class Registry:
                 if known.live:
                     raise RunBusyError(f"Run {run_id} is running now ({known.host}, pid {known.pid}); a run is resumed "
                                        "by one process at a time. Wait for it to end.")
-            others = self._charges(conn, dataset.id, besides=run_id)
+            others, others_delta = self._charges(conn, dataset.id, besides=run_id)
             if others + target > locked.budget_epsilon * (1 + TOLERANCE):
                 raise DatasetBudgetError(
-                    f"Data set {label} has a budget of ε = {locked.budget_epsilon:g} across all its runs; its "
+                    f"The budget of {label} is ε = {locked.budget_epsilon:g} across all its runs; its "
                     f"other runs hold ε = {others:.4g}, so this run's privacy.epsilon={target:g} does not fit (ε = "
                     f"{max(locked.budget_epsilon - others, 0):.4g} left). Nothing was released. Lower privacy.epsilon, "
                     f"or raise the budget: python -m lightning_dp.budget raise {command} EPSILON --reason TEXT.")
+            self._check_delta(locked, others_delta, ledger.delta, label, command)
             lease = dict(active=True, lease=token, host=self.host, pid=os.getpid(), heartbeat_at=now, output_dir=out,
                          claim_epsilon=target, updated_at=_now(), closed_at=None)
             if row is None:
@@ -623,11 +800,12 @@ class Registry:
                                    "this one stops without releasing anything more.")
             known = self._run(row)
             self._check_extends(known.state, state, lease.run_id)
-            others = self._charges(conn, dataset.id, besides=lease.run_id)
+            others, others_delta = self._charges(conn, dataset.id, besides=lease.run_id)
+            self._check_delta(dataset, others_delta, ledger.delta, lease.label, "NAME")
             if committed > row.claim_epsilon * (1 + TOLERANCE) or others + committed > dataset.budget_epsilon * (
                     1 + TOLERANCE):
                 raise DatasetBudgetError(
-                    f"Data set {lease.label}: this release would bring its runs to ε = {others + committed:.4g}, above "
+                    f"This release would bring the runs of {lease.label} to ε = {others + committed:.4g}, above "
                     f"its budget ε = {dataset.budget_epsilon:g}. Nothing was released. Raise the budget (python -m "
                     "lightning_dp.budget raise NAME EPSILON --reason TEXT), then resume with resume=last.")
             seq = row.seq + 1

@@ -14,6 +14,8 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import logging
+import os
+import tempfile
 import threading
 import uuid
 from collections.abc import Iterator
@@ -23,7 +25,17 @@ from typing import Any
 import numpy as np
 
 from lightning_dp.budget.lock import FolderLock
-from lightning_dp.budget.registry import HEARTBEAT_S, Dataset, Lease, Registry, RegistryError, resolve_url
+from lightning_dp.budget.registry import (
+    ENV_DEFAULT_BUDGET,
+    ENV_DEFAULT_DELTA,
+    ENV_URL,
+    HEARTBEAT_S,
+    Dataset,
+    Lease,
+    Registry,
+    RegistryError,
+    resolve_url,
+)
 from lightning_dp.privacy.ledger import PrivacyLedger
 
 log = logging.getLogger(__name__)
@@ -48,6 +60,25 @@ def in_tuning() -> bool:
     return _CANDIDATES.get()
 
 
+def throwaway_registry(folder: str | Path | None = None) -> Path:
+    """Point this process, and every process it starts, at a fresh SQLite budget registry with budgets no run reaches.
+
+    For benchmarks that train many times on public benchmark data (``bench/``): their runs' ledgers still bound each
+    run, but they neither spend from nor fill the user's registry (``$LIGHTNING_DP_REGISTRY`` or the default file).
+
+    Args:
+        folder: where the registry file goes (default: a new temporary folder).
+
+    Returns:
+        The registry file.
+    """
+    base = Path(folder) if folder is not None else Path(tempfile.mkdtemp(prefix="lightning-dp-registry-"))
+    base.mkdir(parents=True, exist_ok=True)
+    path = base / "budget.sqlite"
+    os.environ.update({ENV_URL: str(path), ENV_DEFAULT_BUDGET: "1e9", ENV_DEFAULT_DELTA: "0.999"})
+    return path
+
+
 def new_run_id() -> str:
     """A fresh run id (random: it says nothing about the data)."""
     return uuid.uuid4().hex
@@ -64,11 +95,12 @@ class RunBudget:
     """
 
     def __init__(self, registry: Registry, *, output_dir: str | Path, dataset_name: str | None = None,
-                 dataset_budget: float | None = None) -> None:
+                 dataset_budget: float | None = None, dataset_delta: float | None = None) -> None:
         self.registry = registry
         self.output_dir = Path(output_dir)
         self.dataset_name = dataset_name or None
         self.dataset_budget = None if dataset_budget is None else float(dataset_budget)
+        self.dataset_delta = None if dataset_delta is None else float(dataset_delta)
         self.lock = FolderLock(output_dir)
         self.ledger: PrivacyLedger | None = None
         self.run_id: str | None = None
@@ -88,7 +120,8 @@ class RunBudget:
         """
         registry = Registry(resolve_url(_setting(privacy, "registry")))
         budget = cls(registry, output_dir=output_dir, dataset_name=_setting(privacy, "dataset_name"),
-                     dataset_budget=_setting(privacy, "dataset_budget"))
+                     dataset_budget=_setting(privacy, "dataset_budget"),
+                     dataset_delta=_setting(privacy, "dataset_delta"))
         try:
             budget.lock.acquire()
         except BaseException:
@@ -121,17 +154,19 @@ class RunBudget:
         """
         assert self.ledger is not None and self.run_id is not None, "attach() first"
         registry = self.registry
-        fingerprint = registry.fingerprint(digests, kind=kind)
+        fingerprint, sketch = registry.fingerprint(digests, kind=kind), registry.sketch(digests)
         dataset: Dataset | None
         if self.expected_dataset is not None:
             dataset = registry.find_dataset(fingerprint)
             if dataset is None and self.dataset_name:  # a new version of the run's named data set
-                dataset = registry.dataset_for(fingerprint, name=self.dataset_name, budget=self.dataset_budget)
+                dataset = registry.dataset_for(fingerprint, name=self.dataset_name, budget=self.dataset_budget,
+                                               sketch=sketch, budget_delta=self.dataset_delta)
             if dataset is None or dataset.id != self.expected_dataset:
                 raise RegistryError(f"Run {self.run_id} was trained on other rows than these: resume it with its own "
                                     "data (the data.* settings of its config.yaml).")
         else:
-            dataset = registry.dataset_for(fingerprint, name=self.dataset_name, budget=self.dataset_budget)
+            dataset = registry.dataset_for(fingerprint, name=self.dataset_name, budget=self.dataset_budget,
+                                           sketch=sketch, budget_delta=self.dataset_delta)
         self.lease = registry.open_run(run_id=self.run_id, dataset=dataset, ledger=self.ledger,
                                        output_dir=self.output_dir, external_of=self.external_of, name=self.dataset_name)
         lease = self.lease

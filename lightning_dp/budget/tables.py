@@ -13,6 +13,7 @@ from sqlalchemy import (
     Float,
     ForeignKey,
     Integer,
+    LargeBinary,
     MetaData,
     String,
     Table,
@@ -20,11 +21,12 @@ from sqlalchemy import (
     UniqueConstraint,
 )
 
-SCHEMA_VERSION = "1"
+SCHEMA_VERSION = "2"  # 2: a δ budget and the owner's "separate" mark per data set, sketches of the rows
 metadata = MetaData()
 
 # registry-wide settings: schema_version, key_check (HMAC of a fixed text: proves LIGHTNING_DP_REGISTRY_KEY is
-# this registry's key), key (the HMAC key itself, only when none is supplied from the environment)
+# this registry's key), key (the HMAC key itself, only when none is supplied from the environment), and the owner's
+# policy (``registered_only``, ``overlap_threshold``: python -m lightning_dp.budget policy)
 meta = Table(
     "ldp_meta", metadata,
     Column("name", String(64), primary_key=True),
@@ -39,7 +41,11 @@ datasets = Table(
     Column("budget_epsilon", Float, nullable=False),
     Column("created_at", String(32), nullable=False),
     Column("updated_at", String(32), nullable=False),
-    Column("tag", String(64), nullable=False),  # HMAC over (id, name, budget): an edit outside lightning-dp shows
+    Column("tag", String(64), nullable=False),  # HMAC over (id, name, budgets, separate): an edit outside lightning-dp shows
+    Column("budget_delta", Float, nullable=True),  # Σ δ of its runs may not exceed it (null: the registry's default)
+    # the owner declared it separate: rows that overlap other data sets may join it (python -m lightning_dp.budget set
+    # NAME E --create --separate); otherwise a version that overlaps another data set is refused
+    Column("separate", Boolean, nullable=False, default=False),
 )
 
 # keyed fingerprints of the canonical rows that belong to a data set (a named data set may hold several versions)
@@ -48,6 +54,15 @@ fingerprints = Table(
     Column("fingerprint", String(64), primary_key=True),
     Column("dataset_id", Integer, ForeignKey("ldp_datasets.id"), nullable=False, index=True),
     Column("first_seen", String(32), nullable=False),
+)
+
+# a keyed bottom-k sketch of each version's rows (lightning_dp/budget/sketch.py): a changed file that is mostly the same
+# rows as a registered data set is charged to it, not given a fresh budget
+sketches = Table(
+    "ldp_sketches", metadata,
+    Column("fingerprint", String(64), ForeignKey("ldp_fingerprints.fingerprint"), primary_key=True),
+    Column("dataset_id", Integer, ForeignKey("ldp_datasets.id"), nullable=False, index=True),
+    Column("sketch", LargeBinary, nullable=False),
 )
 
 # one row per run: its claim on the data set's budget, what it has spent, its whole ledger state, and its lease

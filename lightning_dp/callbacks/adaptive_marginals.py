@@ -74,21 +74,22 @@ class AdaptiveMarginals(Callback):
         final_steps: training steps after the last round.
         final_lr_fraction: the learning rate at the end of the final fit, a fraction of the module's ``lr``.
         anneal: ``gap`` or ``movement`` (AIM's literal test), see above.
+        answer_draws: latent draws for the model's answers to every workload marginal before a selection.
         chunk_size: rows per streamed chunk of the count pass.
         noise_seed: fix the noise (tests only); default OS entropy.
     """
 
     def __init__(self, *, ledger: PrivacyLedger, datamodule: Any, rounds: int | None = None,
                  selection_fraction: float = 0.1, steps_per_round: int = 50, final_steps: int = 2000,
-                 final_lr_fraction: float = 0.05, anneal: str = "gap", chunk_size: int = 65536,
-                 noise_seed: int | None = None) -> None:
+                 final_lr_fraction: float = 0.05, anneal: str = "gap", answer_draws: int = 4096,
+                 chunk_size: int = 65536, noise_seed: int | None = None) -> None:
         self.check_settings({"rounds": rounds, "selection_fraction": selection_fraction,
                              "steps_per_round": steps_per_round, "final_steps": final_steps, "chunk_size": chunk_size,
-                             "final_lr_fraction": final_lr_fraction, "anneal": anneal})
+                             "final_lr_fraction": final_lr_fraction, "anneal": anneal, "answer_draws": answer_draws})
         self.ledger, self.datamodule = ledger, datamodule
         self.rounds, self.selection_fraction = rounds, float(selection_fraction)
         self.steps_per_round, self.final_steps, self.chunk_size = steps_per_round, final_steps, chunk_size
-        self.final_lr_fraction, self.anneal = float(final_lr_fraction), anneal
+        self.final_lr_fraction, self.anneal, self.answer_draws = float(final_lr_fraction), anneal, answer_draws
         self.noise_seed = noise_seed
         self._exact: dict[mg.Clique, Tensor] = {}  # private: never leaves this object
         self._gen: torch.Generator | None = None
@@ -100,7 +101,7 @@ class AdaptiveMarginals(Callback):
         Raises:
             ConfigError: the first setting out of range.
         """
-        for key in ("steps_per_round", "chunk_size"):
+        for key in ("steps_per_round", "chunk_size", "answer_draws"):
             value = node.get(key, 1)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"AdaptiveMarginals (model.mechanisms): {key} must be a whole number >= 1, got "
@@ -160,19 +161,31 @@ class AdaptiveMarginals(Callback):
 
     # ---------------------------------------------------------------- the private pass
     def _exact_marginals(self, trainer: Trainer, module: Any) -> dict[mg.Clique, Tensor]:
-        """Exact counts of every 1-way and workload marginal (private; kept in this object only)."""
-        cliques = [(c,) for c in range(len(module.levels))] + list(module.cliques)
-        totals = [torch.zeros(mg.clique_size(c, module.levels), dtype=torch.float64) for c in cliques]
+        """Exact counts of every 1-way and workload marginal (private; kept in this object only).
+
+        The 1- and 2-way ones come from one Gram matrix of the one-hot rows per chunk (``pair_counts``), larger
+        cliques from a ``bincount`` each; the rows are streamed, never held whole."""
+        levels = module.levels
+        big = [c for c in module.cliques if len(c) > 2]
+        size = sum(levels)
+        gram = torch.zeros(size, size, dtype=torch.float64, device=module.device)
+        totals = [torch.zeros(mg.clique_size(c, levels), dtype=torch.float64, device=module.device) for c in big]
         rank, world = trainer.global_rank, trainer.world_size
         for x, y in self.datamodule.private_batches(chunk_size=self.chunk_size, rank=rank, world_size=world):
-            codes = module.discretise(x, y).cpu()
-            for total, counts in zip(totals, mg.marginal_counts(codes, cliques, module.levels)):
+            codes = module.discretise(x.to(module.device), y.to(module.device))
+            gram += mg.pair_counts(codes, levels)
+            for total, counts in zip(totals, mg.marginal_counts(codes, big, levels)):
                 total += counts
         if world > 1 and dist.is_available() and dist.is_initialized():
-            flat = torch.cat(totals).to(module.device)
+            flat = torch.cat([gram.flatten(), *totals])
             dist.all_reduce(flat, op=dist.ReduceOp.SUM)
-            totals = list(torch.split(flat.cpu(), [len(t) for t in totals]))
-        return dict(zip(cliques, totals))
+            gram = flat[: size * size].view(size, size)
+            totals = list(torch.split(flat[size * size :], [len(t) for t in totals]))
+        gram = gram.cpu()
+        exact = {c: mg.clique_from_pairs(gram, c, levels) for c in [(c,) for c in range(len(levels))]}
+        exact.update({c: mg.clique_from_pairs(gram, c, levels) for c in module.cliques if len(c) == 2})
+        exact.update({c: t.cpu() for c, t in zip(big, totals)})
+        return exact
 
     # ---------------------------------------------------------------- releases
     def _release_one_way(self, trainer: Trainer, module: Any) -> None:
@@ -218,7 +231,7 @@ class AdaptiveMarginals(Callback):
         sigma, epsilon = float(module.round_sigma), float(module.round_epsilon)
         if self.anneal == "movement" and int(module.pending_clique) >= 0:  # AIM's test, on the model fitted since
             clique = module.cliques[int(module.pending_clique)]
-            after = module.answers([clique])[0].cpu()
+            after = module.answers([clique], draws=self.answer_draws)[0].cpu()
             if mg.anneal(module.pending_before.cpu(), after, sigma=sigma * delta_1,
                          cells=mg.clique_size(clique, module.levels)):
                 sigma, epsilon = sigma / 2, epsilon * 2
@@ -229,7 +242,7 @@ class AdaptiveMarginals(Callback):
             epsilon = math.sqrt(8 * self.selection_fraction * left)
         # every rank follows rank 0's schedule (the model's answers use each rank's own latent draws)
         sigma, epsilon, final = self._broadcast(trainer, (sigma, epsilon, final))
-        answers = module.answers(module.cliques)
+        answers = module.answers(module.cliques, draws=self.answer_draws)
         cells = torch.tensor([float(mg.clique_size(c, module.levels)) for c in module.cliques], dtype=torch.float64)
         errors = torch.stack([(self._exact[c] - a.cpu()).abs().sum() for c, a in zip(module.cliques, answers)])
         weights = torch.tensor(module.weights, dtype=torch.float64)

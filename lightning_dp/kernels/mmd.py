@@ -36,6 +36,7 @@ __all__ = [
     "energy_kernel",
     "importance_duplicate",
     "iw_deviation_bound",
+    "label_product_kernel",
     "median_of_means",
     "mmd2",
     "mmd2_estimate",
@@ -86,6 +87,23 @@ def rbf_kernel(sigmas: float | Sequence[float], *, sigma_is: str = "std") -> Ker
     if not values or any(not s > 0 for s in values):
         raise ValueError(f"RBF bandwidths must be positive, got {list(values)}.")
     return partial(_rbf, sigmas=values, sigma_is=sigma_is)
+
+
+def label_product_kernel(kernel: Kernel, num_classes: int) -> Kernel:
+    """``k((u, y), (v, y')) = kernel(u, v) · ⟨y, y'⟩`` on inputs whose last ``num_classes`` columns are a label one-hot.
+
+    The product of a characteristic kernel with the label's delta kernel measures the joint of label and features:
+    MMD² = Σ_c ‖p(c) μ_P(·|c) − q(c) μ_Q(·|c)‖², so label shares and each class's feature distribution must both
+    match (DP-MERF's embedding, "DP-MERF: Differentially Private Mean Embeddings with Random Features", Eq. 5, uses
+    the same product). With a soft or straight-through one-hot ⟨y, y'⟩ is differentiable in y.
+    """
+    if num_classes < 1:
+        raise ValueError(f"num_classes={num_classes} must be ≥ 1.")
+    return partial(_label_product, kernel=kernel, k=int(num_classes))
+
+
+def _label_product(a: Tensor, b: Tensor, *, kernel: Kernel, k: int) -> Tensor:
+    return kernel(a[..., :-k], b[..., :-k]) * (a[..., -k:] @ b[..., -k:].transpose(-1, -2))
 
 
 def _negative_distance(a: Tensor, b: Tensor, *, p: float) -> Tensor:

@@ -32,6 +32,7 @@ from lightning_dp.models.base import GeneratorModule
 from lightning_dp.privacy.marginals import Clique, clique_size, product_marginal, workload
 
 MAX_CLIQUE_CELLS = 2**22  # cells of the largest workload marginal (8 bytes a cell, several copies in memory)
+MAX_LEVELS = 8192  # levels of all columns together: the fit and the count pass hold (levels)² Gram matrices
 # variable-size buffers: their size is known only after the releases (``_load_from_state_dict``)
 GROWING = ("meas_cliques", "meas_sigma", "meas_offsets", "meas_values", "pending_before")
 
@@ -189,6 +190,9 @@ class GEM(GeneratorModule):
         if len(levels) < 2:
             raise ConfigError("model=gem models the dependence between columns; the data set needs at least two "
                               "columns (the label counts).")
+        if sum(levels) > MAX_LEVELS:
+            raise ConfigError(f"model=gem: the discretised columns have {sum(levels):,} levels together, above "
+                              f"{MAX_LEVELS:,} (the fit holds a square matrix of them). Set model.module.bins lower.")
         degree = min(module_cfg.get("degree", 2), len(levels))
         top = sorted(levels)[-3:] if module_cfg.get("target_triples") else sorted(levels)[-degree:]
         if math.prod(top) > MAX_CLIQUE_CELLS:

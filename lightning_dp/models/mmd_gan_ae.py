@@ -19,7 +19,22 @@ reparameterization with Gumbel-softmax", Eq. 2, with the hard one-hot forward pa
 With a linear head the generator matches a block's *mean* (e.g. [0.94, 0.06] for a 6% label) and rounding at
 sampling turns every row into the majority category: on Cervical every synthetic row had Biopsy = 0 and TSTR fell
 below a coin flip. With hard samples the discriminator compares one-hot rows with one-hot rows and the MMD can
-only be closed by the right proportions. The thesis leaves out the batch size (its code: 200), the kernel
+only be closed by the right proportions.
+
+Departure (``weight_clip``, ``row_mmd_weight``): the thesis' code clips the encoder's *gradients* to ±0.01, which
+does not bound the codes under RMSProp (RMSProp divides each step by the gradient's running magnitude, so a clipped
+gradient moves the weights as far as an unclipped one): real codes collapsed (median pairwise distance 0.055) while
+generated codes sat 3.4 away, so every RBF of σ ≤ 1 saturated and the generator got no gradient. MMD-GAN (Li et al.
+2017, "MMD GAN: Towards deeper understanding of moment matching network", Algorithm 1) clips the encoder's
+*weights* instead, which bounds its Lipschitz constant and so the codes, with σ ∈ {1, 2, 4, 8, 16} on them. The
+row term (``row_mmd_weight``) makes the generator's kernel characteristic whatever the encoder learned (an MMD on
+the rows themselves, as a GMMN's). ``label_kernel`` multiplies both kernels by the label's delta kernel: the label
+is one block among many, so an RBF on whole rows (or their codes) barely sees whether it goes with the right
+features, while the product measures the label's joint with the rest (``kernels.mmd.label_product_kernel``;
+DP-MERF's construction). Measured on Cervical (500 epochs, seed 0, ROC of the audit's three classifiers, score):
+the thesis' code 0.46, weight clipping and σ ∈ {1…16} 0.67, + the row term 0.65, + the label kernel 0.74 (real
+rows 0.74). The config's defaults are these departures; the thesis' code is ``block_output=linear
+bandwidths=[0.1,0.5,1.0] weight_clip=null row_mmd_weight=0 label_kernel=false``. The thesis leaves out the batch size (its code: 200), the kernel
 (its code's), the estimator (U here; ``statistic``) and the iteration count.
 
 **Privacy.** The thesis makes no DP claim and neither does this model: both losses read the real batch through
@@ -40,7 +55,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lightning_dp.errors import ConfigError
-from lightning_dp.kernels.mmd import STATISTICS, mmd2, rbf_kernel
+from lightning_dp.kernels.mmd import STATISTICS, label_product_kernel, mmd2, rbf_kernel
 from lightning_dp.models.mmd_base import RowMMDModule
 
 BLOCK_OUTPUTS = ("gumbel", "linear")
@@ -101,6 +116,13 @@ class MMDGANAE(AEMMDModule):
         standardize: ``data`` (z-scores from the training rows, the thesis) or ``none``.
         block_output: ``gumbel`` (hard straight-through Gumbel-softmax one-hot blocks; see above) or ``linear``.
         gumbel_tau: the Gumbel-softmax temperature.
+        weight_clip: after each discriminator step, clip the encoder's weights to [−c, c] (MMD-GAN, Li et al. 2017,
+            Algorithm 1); ``None``: none (the thesis' code). See the module docstring.
+        row_mmd_weight: λ_row ≥ 0: the generator minimises ``MMD²(f(x), f(G(z))) + λ_row·MMD²(x, G(z))``, the second
+            on the standardised rows themselves with the RBF mixture ``row_bandwidths`` (0: the thesis' loss).
+        row_bandwidths: σ's (standard deviations) of that mixture.
+        label_kernel: both MMDs use the kernel times the label's delta kernel (``label_product_kernel``), so they
+            measure the joint of label and row, not mostly the many feature blocks.
     """
 
     private_metrics = {
@@ -114,7 +136,9 @@ class MMDGANAE(AEMMDModule):
                  block_sizes: Sequence[int] = (), num_classes: int = 1, batch_size: int = 200, lr: float = 1e-3,
                  mmd_weight: float = 0.1, bandwidths: Sequence[float] = (0.1, 0.5, 1.0), sigma_is: str = "std",
                  statistic: str = "u", grad_clip: float | None = 0.01, standardize: str = "data",
-                 block_output: str = "linear", gumbel_tau: float = 0.5) -> None:
+                 block_output: str = "linear", gumbel_tau: float = 0.5, weight_clip: float | None = None,
+                 row_mmd_weight: float = 0.0, row_bandwidths: Sequence[float] = (1.0, 2.0, 4.0, 8.0),
+                 label_kernel: bool = False) -> None:
         super().__init__()
         self.save_hyperparameters(ignore=["generator", "discriminator"])
         self.automatic_optimization = False
@@ -123,10 +147,18 @@ class MMDGANAE(AEMMDModule):
             raise ConfigError(f"model.module.block_output={block_output!r}; valid: {', '.join(BLOCK_OUTPUTS)}.")
         if not gumbel_tau > 0:
             raise ConfigError(f"model.module.gumbel_tau={gumbel_tau} must be > 0.")
+        if weight_clip is not None and not weight_clip > 0:
+            raise ConfigError(f"model.module.weight_clip={weight_clip} must be > 0 (or null for none).")
+        if not row_mmd_weight >= 0:
+            raise ConfigError(f"model.module.row_mmd_weight={row_mmd_weight} must be ≥ 0.")
         self.generator, self.discriminator = generator, discriminator
         self.setup_rows(n_continuous=n_continuous, block_sizes=block_sizes, num_classes=num_classes,
                         standardize=standardize, weights=None)
         self.kernel = rbf_kernel(list(bandwidths), sigma_is=sigma_is)
+        self.row_kernel = rbf_kernel(list(row_bandwidths), sigma_is="std")
+        if label_kernel and num_classes > 1:  # inputs carry the label one-hot last (see with_label)
+            self.kernel = label_product_kernel(self.kernel, num_classes)
+            self.row_kernel = label_product_kernel(self.row_kernel, num_classes)
 
     def generate(self, n: int) -> Tensor:
         """``n`` generated rows in standardised units (B, d); one-hot blocks as hard Gumbel samples under
@@ -138,6 +170,13 @@ class MMDGANAE(AEMMDModule):
         blocks = [F.gumbel_softmax(b, tau=self.hparams.gumbel_tau, hard=True)
                   for b in torch.split(rows[:, c:], self.row_blocks, dim=1)]
         return torch.cat([rows[:, :c], *blocks], 1)
+
+    def with_label(self, codes: Tensor, rows: Tensor) -> Tensor:
+        """Codes (B, c) with the rows' label one-hot appended under ``label_kernel`` (the kernel's input), else the
+        codes."""
+        if not (self.hparams.label_kernel and self.num_classes > 1):
+            return codes
+        return torch.cat([codes, rows[:, -self.num_classes:]], 1)
 
     def _sample(self, n: int, labels: Tensor | None) -> tuple[Tensor, Tensor]:
         """As the other row MMD models, the blocks drawn by :meth:`generate` (argmax of a one-hot is itself)."""
@@ -157,18 +196,25 @@ class MMDGANAE(AEMMDModule):
             fake = self.generate(self.hparams.batch_size)  # (m, d)
         real_codes, recon = self.discriminator(real)
         ae = (real - recon).square().mean()
-        mmd = self.mmd2_codes(real_codes, self.discriminator.encoder(fake))
+        mmd = self.mmd2_codes(self.with_label(real_codes, real), self.with_label(self.discriminator.encoder(fake), fake))
         d_loss = ae - self.hparams.mmd_weight * mmd
         self.manual_backward(d_loss)
         if self.hparams.grad_clip is not None:
             nn.utils.clip_grad_value_(self.discriminator.encoder.parameters(), self.hparams.grad_clip)
         d_opt.step()
+        if self.hparams.weight_clip is not None:
+            with torch.no_grad():
+                for w in self.discriminator.encoder.parameters():
+                    w.clamp_(-self.hparams.weight_clip, self.hparams.weight_clip)
 
         g_opt.zero_grad()
         with torch.no_grad():
-            real_codes = self.discriminator.encoder(real)
+            real_codes = self.with_label(self.discriminator.encoder(real), real)
         fake = self.generate(self.hparams.batch_size)
-        g_loss = self.mmd2_codes(real_codes, self.discriminator.encoder(fake))
+        g_loss = self.mmd2_codes(real_codes, self.with_label(self.discriminator.encoder(fake), fake))
+        if self.hparams.row_mmd_weight > 0:
+            g_loss = g_loss + self.hparams.row_mmd_weight * mmd2(real, fake, self.row_kernel,
+                                                                 statistic=self.hparams.statistic)
         self.manual_backward(g_loss)
         g_opt.step()
         values = {"train/mmd2": mmd, "train/ae_loss": ae, "train/d_loss": d_loss, "train/g_loss": g_loss}

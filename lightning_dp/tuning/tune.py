@@ -497,6 +497,8 @@ def _select(cfg: DictConfig, tc: TuneConfig, p: Plan, out: Path, ledger: Privacy
                     f"The selection's whole ε is spent and on the ledger ({ledger.summary()}); nothing was "
                     "published. Fix the cause and start a new run with another output_dir (its budget composes "
                     "with this one's).") from None
+            finally:
+                tracker.private_sink(None)  # before the private file closes
         assert best is not None  # K >= 1
         chosen, result = best
         run_log = RunLog()

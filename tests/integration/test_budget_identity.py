@@ -1,8 +1,9 @@
 """What the budget registry knows from the rows stays in the registry: a run's streams and files name its data set by
 the owner's ``privacy.dataset_name`` only, and read the same whether the rows are new to the registry or known.
 
-Runs share one registry: D, D again, D plus one row. The fingerprints (keyed functions of the rows) would tell D from
-D plus one row in any log or file that showed them.
+Runs share one registry: D, D again, D plus one row, half of D. The fingerprints (keyed functions of the rows) would
+tell D from D plus one row in any log or file that showed them. The changed files are charged to D's budget (the
+registry's sketches see that they are mostly D's rows), and the runs' streams do not say so either.
 """
 
 from __future__ import annotations
@@ -60,8 +61,9 @@ def test_streams_and_files_name_no_row_derived_identifier(registry, tmp_path, ca
     caplog.set_level(logging.INFO)
     d = write_rows(tmp_path, "d", np.arange(N))
     d1 = write_rows(tmp_path, "d1", np.arange(N + 1))
+    half = write_rows(tmp_path, "half", np.arange(N // 2))
     seen: dict[str, tuple[list[str], str]] = {}
-    for out, rows in (("new", d), ("known", d), ("plus_one", d1)):
+    for out, rows in (("new", d), ("known", d), ("plus_one", d1), ("half", half)):
         caplog.clear()
         result = train(cfg_for(tmp_path, rows, out))
         ckpt = Path(result["checkpoint"]).read_bytes()
@@ -70,7 +72,9 @@ def test_streams_and_files_name_no_row_derived_identifier(registry, tmp_path, ca
     with registry.engine.connect() as conn:
         fingerprints = [r.fingerprint for r in conn.execute(select(t.fingerprints))]
         names = [r.name for r in conn.execute(select(t.datasets))]
-    assert len(fingerprints) == 2 and all(n.startswith("fp-") for n in names)
+    assert len(fingerprints) == 3 and len(names) == 1 and names[0].startswith("fp-")  # one data set, one budget
+    (ds,) = registry.datasets()
+    assert len(registry.runs(ds)) == 4
     for streams, files in seen.values():
         text = "\n".join(streams) + files
         assert "fp-" not in text and not any(fp[:12] in text for fp in fingerprints)
@@ -80,7 +84,7 @@ def test_streams_and_files_name_no_row_derived_identifier(registry, tmp_path, ca
         return [re.sub(r"\b[0-9a-f]{32}\b", "RUN", s) for s in streams if "registry" in s]
 
     lines = {out: registry_lines(streams) for out, (streams, _) in seen.items()}
-    assert lines["new"] and lines["new"] == lines["known"] == lines["plus_one"]
+    assert lines["new"] and lines["new"] == lines["known"] == lines["plus_one"] == lines["half"]
     assert "unnamed data set" in lines["new"][0]
 
 

@@ -148,3 +148,41 @@ def test_a_kill_after_the_embedding_is_charged_keeps_the_charge_on_resume(regist
     after = registry.run(run.run_id)
     assert not after.active and after.epsilon_spent == pytest.approx(charged) and after.charge >= charged
     assert after.state["releases"] == run.state["releases"]
+
+
+def test_a_lost_release_is_drawn_again_on_resume_and_both_draws_stay_charged(registry, tmp_path):
+    import numpy as np
+    import pandas as pd
+    import yaml
+
+    rng = np.random.default_rng(0)
+    pd.DataFrame({"x": rng.uniform(size=2000).round(4), "c": rng.choice(["a", "b"], 2000)}).to_csv(
+        tmp_path / "rows.csv", index=False)
+    (tmp_path / "schema.yaml").write_text(yaml.safe_dump({"columns": [  # c's categories are a DP release
+        {"name": "x", "type": "continuous", "bounds": [0, 1]}, {"name": "c", "type": "categorical"}]}))
+    data = ["data=csv", f"data.path={tmp_path / 'rows.csv'}", f"data.schema={tmp_path / 'schema.yaml'}"]
+    out = tmp_path / "run"
+    pid = os.fork()
+    if pid == 0:
+        try:
+            torch.set_num_threads(1)
+            record = Registry.record
+
+            def record_then_die(self, lease, ledger) -> None:
+                record(self, lease, ledger)
+                if ledger.has("data/categories"):
+                    os._exit(9)
+
+            Registry.record = record_then_die
+            train(make_cfg(out, *data))
+        finally:
+            os._exit(1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 9
+    result = train(make_cfg(out, *data, "resume=last"))  # the categories' value is lost: drawn again, charged again
+    ledger = json.loads((out / "ledger.json").read_text())
+    run = registry.run(ledger["run_id"])
+    uses = sum(r["count"] for r in run.state["releases"] if r["name"] == "data/categories")
+    assert uses == 2 and run.state["lost"] == {"data/categories": 1} and ledger["lost"] == {"data/categories": 1}
+    assert run.epsilon_spent == pytest.approx(result["epsilon"]) and result["epsilon"] <= 1 + 1e-9
+    assert not run.active and run.charge == pytest.approx(ledger["epsilon"])

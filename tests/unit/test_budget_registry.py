@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing as mp
+import os
 
 import numpy as np
 import pytest
@@ -234,3 +235,108 @@ def test_the_command_line_shows_exports_and_logs_budget_changes(url, tmp_path, c
     events = reg.events(reg.dataset("clinic"))
     assert events[-1]["action"] == "raise_budget" and events[-1]["reason"] == "owner approved"
     assert events[-1]["before"] == 2.0 and events[-1]["after"] == 3.0
+
+
+def _version(reg: Registry, rows: np.ndarray, **kwargs):
+    digests = np.asarray(rows, dtype=np.uint64)
+    return reg.dataset_for(reg.fingerprint(digests, kind="tabular"), sketch=reg.sketch(digests), **kwargs)
+
+
+def test_a_changed_file_is_charged_to_the_data_set_it_changes(url):
+    reg = Registry(url)
+    d = np.arange(3000, 6000)
+    first = _version(reg, d)
+    assert _version(reg, np.append(d, 99_999)) == first  # D plus one row: the same data set, not a fresh budget
+    assert _version(reg, d[: len(d) // 2]) == first  # half of D: all its rows are D's
+    assert _version(reg, d[::-1][:2000]) == first and reg.versions(first) == 4
+    other = _version(reg, np.arange(10_000, 12_000))  # other rows: another data set
+    assert other != first and len(reg.datasets()) == 2
+    with pytest.raises(RegistryError, match="2 registered data sets.*Nothing was released"):
+        _version(reg, np.concatenate([d, np.arange(10_000, 12_000)]))  # mostly both: which budget is the owner's call
+    with pytest.raises(RegistryError, match="another registered data set than 'fresh'.*--separate"):
+        _version(reg, np.append(d, 12_345), name="fresh")  # a new name does not escape the budget either
+    assert [ds.name for ds in reg.datasets() if ds.name == "fresh"] == []
+    reg.set_budget("fresh", 2.0, reason="a separate study, approved", create=True, separate=True)
+    assert _version(reg, np.append(d, 12_345), name="fresh").name == "fresh"  # the owner's explicit declaration
+    events = [e["action"] for ds in reg.datasets() for e in reg.events(ds)]
+    assert events.count("new_version") == 4
+
+
+def test_registered_only_refuses_new_rows_but_not_a_registered_data_set(url):
+    reg = Registry(url)
+    d = np.arange(500)
+    known = _version(reg, d)
+    reg.set_policy(registered_only=True, reason="owner's rule")
+    assert reg.policy()["registered_only"]
+    with pytest.raises(RegistryError, match="registered data sets only.*set NAME EPSILON --create"):
+        _version(reg, np.arange(1000, 1500))
+    with pytest.raises(RegistryError, match="no data set 'clinic'"):
+        _version(reg, np.arange(1000, 1500), name="clinic")
+    reg.set_budget("clinic", 3.0, reason="registered by the owner", create=True)
+    assert _version(reg, np.arange(1000, 1500), name="clinic").name == "clinic"
+    assert _version(reg, np.append(d, 777)) == known  # a changed file of a registered data set is charged to it
+    with pytest.raises(RegistryError, match="in \\(0, 1\\)"):
+        reg.set_policy(overlap_threshold=1.5, reason="x")
+
+
+def test_the_data_sets_delta_budget_bounds_the_sum_of_its_runs_delta(url, tmp_path):
+    reg = Registry(url)
+    ds = reg.dataset_for(reg.fingerprint(ROWS, kind="tabular"), budget=100.0, budget_delta=2.5e-5)
+    assert ds.budget_delta == 2.5e-5
+    lease_a = reg.open_run(run_id="a", dataset=ds, ledger=_ledger(), output_dir=tmp_path / "a")
+    lease_b = reg.open_run(run_id="b", dataset=ds, ledger=_ledger(), output_dir=tmp_path / "b")  # Σδ = 2e-5
+    with pytest.raises(DatasetBudgetError, match="δ budget of the unnamed data set.* is 2.5e-05.*δ = 2e-05.*Nothing was released"):
+        reg.open_run(run_id="c", dataset=ds, ledger=_ledger(), output_dir=tmp_path / "c")
+    b = _ledger()
+    b.register = lambda led: reg.record(lease_b, led)
+    _spend(b, 8.0)
+    reg.close_run(lease_a)  # ended without a release: it holds no δ
+    reg.close_run(lease_b)  # ended after one: it keeps its δ
+    assert reg.run("a").delta_charge == 0 and reg.run("b").delta_charge == 1e-5
+    reg.open_run(run_id="c", dataset=ds, ledger=_ledger(), output_dir=tmp_path / "c")
+    with pytest.raises(RegistryError, match="raise only increases"):
+        reg.set_budget(ds.name, 100.0, reason="x", only_raise=True, delta=1e-5)
+    _, raised = reg.set_budget(ds.name, 100.0, reason="more runs", only_raise=True, delta=1e-4)
+    assert raised.budget_delta == 1e-4
+    reg.open_run(run_id="d", dataset=ds, ledger=_ledger(), output_dir=tmp_path / "d")
+
+
+def test_rows_registered_without_a_sketch_get_one_when_a_run_sees_them_again(url):
+    reg = Registry(url)
+    d = np.arange(2000, dtype=np.uint64)
+    first = reg.dataset_for(reg.fingerprint(d, kind="tabular"))  # as a schema-1 registry registered them
+    assert _version(reg, np.append(d, 5)) != first  # nothing to compare with yet: a new data set
+    assert _version(reg, d) == first  # a run on the same rows again: their sketch is kept now
+    with pytest.raises(RegistryError, match="2 registered data sets"):
+        _version(reg, np.append(d, 7))  # mostly both D's data set and the D-plus-one data set registered above
+
+
+def test_a_throwaway_registry_is_fresh_and_never_the_users(tmp_path, monkeypatch):
+    from lightning_dp.budget import throwaway_registry
+    from lightning_dp.budget.registry import default_budget, default_delta, resolve_url
+
+    monkeypatch.setenv("LIGHTNING_DP_REGISTRY", str(tmp_path / "users.sqlite"))
+    for key in ("LIGHTNING_DP_DEFAULT_BUDGET", "LIGHTNING_DP_DEFAULT_DELTA"):
+        monkeypatch.setenv(key, os.environ.get(key, ""))  # restored after the test
+    path = throwaway_registry()
+    assert resolve_url(None) == f"sqlite:///{path}" and "users" not in str(path) and not path.exists()
+    assert default_budget() >= 1e9 and default_delta() > 0.99
+    assert throwaway_registry() != path  # each call a new one
+
+
+def test_a_schema_1_registry_is_migrated_in_place(url):
+    reg = Registry(url)
+    ds = reg.dataset_for(reg.fingerprint(ROWS, kind="tabular"), name="old", budget=3.0)
+    with reg.engine.begin() as conn:  # back to what schema 1 wrote (no sketches, no δ budget, the old tag)
+        conn.execute(text("DROP TABLE ldp_sketches"))
+        conn.execute(text("ALTER TABLE ldp_datasets DROP COLUMN budget_delta"))
+        conn.execute(text("ALTER TABLE ldp_datasets DROP COLUMN separate"))
+        conn.execute(text("UPDATE ldp_meta SET value = '1' WHERE name = 'schema_version'"))
+        conn.execute(text("UPDATE ldp_datasets SET tag = :tag"), {"tag": reg._dataset_tag(ds.id, "old", 3.0)})
+    reg.close()
+    reg = Registry(url)
+    (old,) = reg.datasets()  # its tag still checks
+    assert (old.name, old.budget_epsilon, old.separate) == ("old", 3.0, False) and 0 < old.budget_delta < 1
+    _, raised = reg.set_budget("old", 4.0, reason="after the upgrade", delta=1e-4)
+    assert (raised.budget_epsilon, raised.budget_delta) == (4.0, 1e-4) and reg.datasets() == [raised]
+    assert _version(reg, ROWS) == raised  # its rows now get a sketch

@@ -90,6 +90,16 @@ def test_selection_scores_and_annealing():
     assert not mg.anneal(before, torch.full((4,), 1.0), sigma=1.0, cells=4)
 
 
+def test_pair_counts_hold_every_one_and_two_way_marginal():
+    levels = [3, 1, 4, 2]
+    gen = torch.Generator().manual_seed(0)
+    codes = torch.stack([torch.randint(k, (1000,), generator=gen) for k in levels], 1)
+    gram = mg.pair_counts(codes, levels, block=64)  # several blocks
+    cliques = [(c,) for c in range(4)] + mg.workload(4)[0]
+    for clique, exact in zip(cliques, mg.marginal_counts(codes, cliques, levels)):
+        assert torch.equal(mg.clique_from_pairs(gram, clique, levels), exact)
+
+
 def test_cosine_schedule_runs_from_one_to_the_floor():
     assert mg.cosine_fraction(0, 100, floor=0.1) == pytest.approx(1.0)
     assert mg.cosine_fraction(50, 100, floor=0.1) == pytest.approx(0.55)

@@ -248,3 +248,18 @@ def test_weighted_bce_losses():
     assert bce_generator_loss(fake).item() == pytest.approx(torch.nn.functional.softplus(-fake).mean().item())
     assert median_of_means(torch.arange(12.0), 1, generator=g).item() == pytest.approx(5.5)
     assert median_of_means(torch.full((12,), 2.0), 3, generator=g).item() == 2.0
+
+
+def test_label_product_kernel_measures_the_joint_of_label_and_features():
+    from lightning_dp.kernels.mmd import label_product_kernel
+
+    g = torch.Generator().manual_seed(0)
+    u = torch.randn(400, 20, generator=g, dtype=torch.float64)  # many feature columns, as a table's blocks
+    y = torch.nn.functional.one_hot((u[:, 0] > 0).long(), 2).double()  # the label depends on the features
+    shuffled = y[torch.randperm(400, generator=g)]  # same features, same label shares, dependence lost
+    base = rbf_kernel([2.0, 4.0, 8.0])
+    k = label_product_kernel(base, 2)
+    a, b = torch.cat([u, y], 1), torch.cat([u, shuffled], 1)
+    assert torch.allclose(k(a[:5], b[:7]), base(u[:5], u[:7]) * (y[:5] @ shuffled[:7].T))
+    assert mmd2(a, b, base, statistic="v") < 0.2 * mmd2(a, b, k, statistic="v")  # the row kernel barely sees it
+    assert mmd2(a, a.flip(0), k, statistic="v") < 1e-12
