@@ -10,6 +10,10 @@ of making that durable are timed, step by step, on the same ledger history:
                     budget, update the run and its release row; WAL with synchronous=FULL), then ``ledger.json``;
 * ``+ PostgreSQL``: the same on a PostgreSQL server (``SELECT ... FOR UPDATE``; the server's default fsync).
 
+A second table times how a run's data set is identified before its first release: the keyed fingerprint and the
+keyed bottom-k sketch of n canonical row digests, and registering a new version against V registered versions (the
+overlap check reads every sketch).
+
 Without ``--postgres`` (or ``$LIGHTNING_DP_TEST_POSTGRES``) a throwaway server is started with
 ``scripts/postgres.sh`` (PostgreSQL from Debian's packages) and stopped at the end. Figures are wall-clock
 milliseconds per step on this machine, with the run's ε computation included in every row.
@@ -74,6 +78,34 @@ def with_registry(url: str, folder: Path) -> Callable[[int], list[float]]:
     return run
 
 
+def identify_costs(url: str) -> list[str]:
+    """Rows of the second table: fingerprint + sketch of n rows, then ``dataset_for`` of a new version against V."""
+    rows, reg = [], Registry(url)
+    rng = np.random.default_rng(0)
+    try:
+        for n in (10_000, 100_000, 1_000_000):
+            digests = rng.integers(0, 2**63, size=n, dtype=np.uint64)
+            start = time.perf_counter()
+            reg.fingerprint(digests, kind="tabular"), reg.sketch(digests)
+            rows.append(f"| fingerprint + sketch of {n:,} rows | {(time.perf_counter() - start) * 1e3:.1f} |")
+        registered = 0
+        for versions in (10, 100):
+            while registered < versions:  # disjoint data sets of 5000 rows each
+                digests = rng.integers(0, 2**63, size=5000, dtype=np.uint64)
+                reg.dataset_for(reg.fingerprint(digests, kind="tabular"), sketch=reg.sketch(digests))
+                registered += 1
+            digests = rng.integers(0, 2**63, size=5000, dtype=np.uint64)
+            fp, sketch = reg.fingerprint(digests, kind="tabular"), reg.sketch(digests)
+            start = time.perf_counter()
+            reg.dataset_for(fp, sketch=sketch)
+            registered += 1
+            rows.append(f"| register a new version against {versions} registered ({reg.dialect}) | "
+                        f"{(time.perf_counter() - start) * 1e3:.1f} |")
+    finally:
+        reg.close()
+    return rows
+
+
 def _row(name: str, times: list[float], base: float | None) -> str:
     ms = np.array(times) * 1e3
     extra = "" if base is None else f" | {(statistics.median(times) - base) * 1e3:+.2f}"
@@ -97,6 +129,8 @@ def main() -> None:
             results = {"ledger.json (fsync'd, today)": _time_steps(_ledger(folder), args.steps),
                        "registry on SQLite + ledger.json": with_registry(str(folder / "budget.sqlite"), folder)(args.steps),
                        "registry on PostgreSQL + ledger.json": with_registry(args.postgres, folder)(args.steps)}
+            identify = identify_costs(str(folder / "identify.sqlite"))
+            identify += [r for r in identify_costs(args.postgres) if "register" in r]
     finally:
         if started:
             subprocess.run(["bash", str(ROOT / "scripts" / "postgres.sh"), "stop", started], check=False,
@@ -107,6 +141,10 @@ def main() -> None:
     print("|---|---|---|---|---|")
     for i, (name, times) in enumerate(results.items()):
         print(_row(name, times, None if i == 0 else base))
+    print("\nIdentifying the run's data set before its first release (ms, wall clock, once per run):\n")
+    print("| what | ms |")
+    print("|---|---|")
+    print("\n".join(identify))
 
 
 if __name__ == "__main__":

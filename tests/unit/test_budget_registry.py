@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing as mp
+import os
 
 import numpy as np
 import pytest
@@ -284,7 +285,7 @@ def test_the_data_sets_delta_budget_bounds_the_sum_of_its_runs_delta(url, tmp_pa
     assert ds.budget_delta == 2.5e-5
     lease_a = reg.open_run(run_id="a", dataset=ds, ledger=_ledger(), output_dir=tmp_path / "a")
     lease_b = reg.open_run(run_id="b", dataset=ds, ledger=_ledger(), output_dir=tmp_path / "b")  # Σδ = 2e-5
-    with pytest.raises(DatasetBudgetError, match="δ budget of 2.5e-05.*δ = 2e-05.*Nothing was released"):
+    with pytest.raises(DatasetBudgetError, match="δ budget of the unnamed data set.* is 2.5e-05.*δ = 2e-05.*Nothing was released"):
         reg.open_run(run_id="c", dataset=ds, ledger=_ledger(), output_dir=tmp_path / "c")
     b = _ledger()
     b.register = lambda led: reg.record(lease_b, led)
@@ -298,3 +299,44 @@ def test_the_data_sets_delta_budget_bounds_the_sum_of_its_runs_delta(url, tmp_pa
     _, raised = reg.set_budget(ds.name, 100.0, reason="more runs", only_raise=True, delta=1e-4)
     assert raised.budget_delta == 1e-4
     reg.open_run(run_id="d", dataset=ds, ledger=_ledger(), output_dir=tmp_path / "d")
+
+
+def test_rows_registered_without_a_sketch_get_one_when_a_run_sees_them_again(url):
+    reg = Registry(url)
+    d = np.arange(2000, dtype=np.uint64)
+    first = reg.dataset_for(reg.fingerprint(d, kind="tabular"))  # as a schema-1 registry registered them
+    assert _version(reg, np.append(d, 5)) != first  # nothing to compare with yet: a new data set
+    assert _version(reg, d) == first  # a run on the same rows again: their sketch is kept now
+    with pytest.raises(RegistryError, match="2 registered data sets"):
+        _version(reg, np.append(d, 7))  # mostly both D's data set and the D-plus-one data set registered above
+
+
+def test_a_throwaway_registry_is_fresh_and_never_the_users(tmp_path, monkeypatch):
+    from lightning_dp.budget import throwaway_registry
+    from lightning_dp.budget.registry import default_budget, default_delta, resolve_url
+
+    monkeypatch.setenv("LIGHTNING_DP_REGISTRY", str(tmp_path / "users.sqlite"))
+    for key in ("LIGHTNING_DP_DEFAULT_BUDGET", "LIGHTNING_DP_DEFAULT_DELTA"):
+        monkeypatch.setenv(key, os.environ.get(key, ""))  # restored after the test
+    path = throwaway_registry()
+    assert resolve_url(None) == f"sqlite:///{path}" and "users" not in str(path) and not path.exists()
+    assert default_budget() >= 1e9 and default_delta() > 0.99
+    assert throwaway_registry() != path  # each call a new one
+
+
+def test_a_schema_1_registry_is_migrated_in_place(url):
+    reg = Registry(url)
+    ds = reg.dataset_for(reg.fingerprint(ROWS, kind="tabular"), name="old", budget=3.0)
+    with reg.engine.begin() as conn:  # back to what schema 1 wrote (no sketches, no δ budget, the old tag)
+        conn.execute(text("DROP TABLE ldp_sketches"))
+        conn.execute(text("ALTER TABLE ldp_datasets DROP COLUMN budget_delta"))
+        conn.execute(text("ALTER TABLE ldp_datasets DROP COLUMN separate"))
+        conn.execute(text("UPDATE ldp_meta SET value = '1' WHERE name = 'schema_version'"))
+        conn.execute(text("UPDATE ldp_datasets SET tag = :tag"), {"tag": reg._dataset_tag(ds.id, "old", 3.0)})
+    reg.close()
+    reg = Registry(url)
+    (old,) = reg.datasets()  # its tag still checks
+    assert (old.name, old.budget_epsilon, old.separate) == ("old", 3.0, False) and 0 < old.budget_delta < 1
+    _, raised = reg.set_budget("old", 4.0, reason="after the upgrade", delta=1e-4)
+    assert (raised.budget_epsilon, raised.budget_delta) == (4.0, 1e-4) and reg.datasets() == [raised]
+    assert _version(reg, ROWS) == raised  # its rows now get a sketch
