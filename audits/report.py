@@ -73,7 +73,7 @@ Policy format (YAML; the default is ``audits/policies/default.yaml``)::
         n_attacks: 500          # predicates that pick out one synthetic row
         n_cols: 3               # columns per predicate
         max_risk_excess: 0.05   # share picking out one REAL row minus one HOLDOUT row (sets of equal size)
-        rule_out_risk_excess: 0.2
+        rule_out_risk_excess: 0.3
       linkability:              # audits.leaks.linkability (Anonymeter's definition), non-members as control
         aux_columns: null       # two lists of columns; null: alternate columns
         bins: 500

@@ -256,8 +256,37 @@ def _value(res: dict, check: str, criterion: str, agg=max) -> float | None:
     return agg(values) if values else None
 
 
+def redecide(res: dict, policy: dict) -> dict:
+    """``res`` with every verdict decided again from its stored value and interval under ``policy``'s limits (the
+    decision is a function of those alone: :func:`audits.verdicts.decide`), and the overall status with it, so that
+    audits cached under earlier limits are tabled under the current ones. Verdicts on criteria the policy no
+    longer has, or stored without an interval, keep their status."""
+    from audits.verdicts import decide
+
+    verdicts = []
+    for v in res["verdicts"]:
+        opts = policy["checks"].get(v["check"], {})
+        limit = opts.get(v["criterion"])
+        name = v["criterion"].removeprefix("max_")
+        if limit is not None and v["interval"] is not None and v["value"] is not None:
+            status = decide(
+                v["check"], v["criterion"], v["description"], v["value"], v["interval"], limit,
+                at_most=True, pass_limit=opts.get(f"rule_out_{name}"),
+            ).status
+            v = {**v, "status": status}
+        verdicts.append(v)
+    statuses = [v["status"] for v in verdicts]
+    status = "fail" if "fail" in statuses else "inconclusive" if "inconclusive" in statuses else "pass"
+    return {**res, "verdicts": verdicts, "status": status}
+
+
 def table(rows: list[dict], sizes: list[str]) -> str:
-    """Markdown: per cell and size, verdict counts over seeds, the checks that failed, median statistics."""
+    """Markdown: per cell and size, verdict counts over seeds, the checks that failed, median statistics (verdicts
+    decided under the current default policy: :func:`redecide`)."""
+    from audits.policy import load_policy
+
+    policy = load_policy()
+    rows = [redecide(r, policy) for r in rows]
     head = (
         "| synthetic set | size | seeds | pass | fail | inconclusive | failed checks (seeds) | exact excess | near excess "
         "| closer excess | singled out excess (targeted) | singling out excess (Anonymeter risk) "

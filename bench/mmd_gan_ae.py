@@ -23,7 +23,7 @@ non-members and the baseline reference S_base (held-out rows), as in the thesis 
 
 The thesis makes no DP claim and neither do these runs (``privacy=none``: only the row count is a DP release).
 
-    python bench/mmd_gan_ae.py [--quick] [--seeds 3] [--out DIR]
+    python bench/mmd_gan_ae.py [--quick] [--seeds 3] [--out DIR] [--only LABEL ...]
     python bench/reproduce.py --table mmd_gan_ae_ehr [--quick] [--write docs/results.md]
 
 The runs, epochs and the thesis' figures are the ``mmd_gan_ae_ehr`` table of ``bench/paper_tables.yaml``.
@@ -100,15 +100,23 @@ def _run(cmd: list[str], *, ok: tuple[int, ...] = (0,)) -> tuple[float, str]:
 
 
 def train_and_audit(overrides: list[str], seed: int, folder: Path) -> dict[str, Any]:
-    """One seed: ``train.py`` then ``python -m audits`` on its checkpoint; the report and the timings."""
+    """One seed: ``train.py`` then ``python -m audits`` on its checkpoint; the report and the timings (reused from
+    ``folder/result.json`` when a call with the same overrides left one there)."""
     data = data_name(overrides)
     run, audit = folder / "run", folder / "audit"
+    cached = folder / "result.json"
+    if cached.is_file():
+        result = json.loads(cached.read_text())
+        if result.get("overrides") == overrides:
+            return result
     train_s, _ = _run([sys.executable, "train.py", *overrides, f"seed={seed}", f"output_dir={run}",
                        "trainer.enable_progress_bar=false"])
     audit_s, _ = _run([sys.executable, "-m", "audits", str(run / "checkpoints" / "last.ckpt"), "--real", data,
                        "--holdout", data, "--out", str(audit), "--seed", str(seed)], ok=AUDIT_EXIT_OK)
     report = json.loads((audit / "report.json").read_text())
-    return {"report": report, "train_s": train_s, "audit_s": audit_s}
+    result = {"report": report, "train_s": train_s, "audit_s": audit_s, "overrides": overrides}
+    cached.write_text(json.dumps(result))
+    return result
 
 
 def metrics(report: dict[str, Any]) -> tuple[dict[str, float | None], dict[str, float | None]]:
@@ -162,11 +170,14 @@ def thesis_cell(paper: dict[str, Any], key: str | None) -> str:
 
 
 def collect(table: Any, *, seeds: int, quick: bool, extra: list[str], out: Path,
-            log: Callable[[str], None]) -> dict[str, Any]:
-    """Train and audit every run of the table for seeds 0..seeds−1: per run label, the metrics per seed."""
+            log: Callable[[str], None], only: list[str] | None = None) -> dict[str, Any]:
+    """Train and audit every run of the table (or those labelled ``only``) for seeds 0..seeds−1: per run label, the
+    metrics per seed."""
     quick_overrides = table.bench.get("quick_overrides", {})
     results: dict[str, Any] = {}
     for index, run in enumerate(table.runs):
+        if only and run.label not in only:
+            continue
         shorter = list(quick_overrides.get(run.label, [])) if quick else []
         replaced = {o.split("=", 1)[0] for o in shorter}
         overrides = [*(o for o in run.overrides if o.split("=", 1)[0] not in replaced), *shorter, *extra]
@@ -181,12 +192,12 @@ def collect(table: Any, *, seeds: int, quick: bool, extra: list[str], out: Path,
 
 
 def section(table: Any, *, seeds: int, quick: bool, extra: list[str], out: Path, command: str, code: str,
-            log: Callable[[str], None] = print) -> str:
+            log: Callable[[str], None] = print, only: list[str] | None = None) -> str:
     """Train and audit the table's runs; its Markdown section, ours beside the thesis' Ch. 4 figures."""
     import torch
 
     begin = time.perf_counter()
-    results = collect(table, seeds=seeds, quick=quick, extra=extra, out=out, log=log)
+    results = collect(table, seeds=seeds, quick=quick, extra=extra, out=out, log=log, only=only)
     minutes = (time.perf_counter() - begin) / 60
     thesis = table.paper[table.runs[0].paper]
     baseline = table.paper.get(table.bench["baseline_row"], {})
@@ -251,17 +262,22 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=None, help="seeds per data set (default: the table's)")
     parser.add_argument("--quick", action="store_true", help="fewer epochs (the table's quick_overrides), 1 seed")
-    parser.add_argument("--out", type=Path, default=None, help="keep the runs and reports here")
+    parser.add_argument("--out", type=Path, default=None, help="keep the runs and reports here (and reuse them)")
+    parser.add_argument("--only", nargs="+", default=None, help="only the runs with these labels")
     args = parser.parse_args()
     table = load_table()
     seeds = args.seeds or (1 if args.quick else table.seeds)
     command = "python bench/mmd_gan_ae.py " + " ".join(sys.argv[1:])
     with tempfile.TemporaryDirectory() as tmp:
         out = args.out or Path(tmp)
+        out.mkdir(parents=True, exist_ok=True)
+        # the bench's runs spend the data sets' budgets in a registry of their own (never the user's default one)
+        os.environ.setdefault("LIGHTNING_DP_REGISTRY", str(out / "budget.sqlite"))
+        os.environ.setdefault("LIGHTNING_DP_DEFAULT_BUDGET", "1000")
         from bench_reproduce import code_version  # loaded by load_table
 
         print(section(table, seeds=seeds, quick=args.quick, extra=[], out=out, command=command.strip(),
-                      code=code_version()))
+                      code=code_version(), only=args.only))
 
 
 if __name__ == "__main__":

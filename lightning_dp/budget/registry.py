@@ -180,7 +180,8 @@ def public_label(name: str | None) -> str:
     """How a run's streams and files name its data set: the owner's ``privacy.dataset_name`` (public config), never
     what the registry knows from the rows (an unnamed data set's ``fp-...`` name is a keyed function of the rows: two
     runs' logs naming it would tell D from D plus one row)."""
-    return repr(name) if name else "unnamed data set (its name, for the registry's owner: python -m lightning_dp.budget list)"
+    return (f"data set {name!r}" if name else
+            "the unnamed data set (its name, for the registry's owner: python -m lightning_dp.budget list)")
 
 
 def _canonical(obj: Any) -> bytes:
@@ -245,7 +246,7 @@ class Lease:
     token: str
     dataset: Dataset
     claim_epsilon: float
-    label: str = "unnamed data set"
+    label: str = "the unnamed data set"
 
 
 def _pid_alive(pid: int | None) -> bool:
@@ -526,7 +527,7 @@ class Registry:
         else:
             dataset = self._new_version(conn, fingerprint, name, budget, sketch, budget_delta)
         if budget is not None and abs(budget - dataset.budget_epsilon) > TOLERANCE * max(1.0, budget):
-            raise RegistryError(f"privacy.dataset_budget={budget:g} differs from the budget the registry holds for the "
+            raise RegistryError(f"privacy.dataset_budget={budget:g} differs from the budget the registry holds for "
                                 f"{public_label(name)}. Leave privacy.dataset_budget out, or change the budget explicitly: "
                                 f"python -m lightning_dp.budget set {name or 'NAME'} {budget:g} --reason TEXT.")
         return dataset
@@ -687,7 +688,7 @@ class Registry:
     def _check_delta(dataset: Dataset, others: float, delta: float, label: str, command: str) -> None:
         if others + delta > dataset.budget_delta * (1 + TOLERANCE):
             raise DatasetBudgetError(
-                f"Data set {label} has a δ budget of {dataset.budget_delta:g} across all its runs (their δ add up); its "
+                f"The δ budget of {label} is {dataset.budget_delta:g} across all its runs (their δ add up); its "
                 f"other runs hold δ = {others:.3g}, so this run's privacy.delta={delta:g} does not fit. Nothing was "
                 f"released. Lower privacy.delta, or raise the δ budget: python -m lightning_dp.budget raise {command} "
                 "EPSILON --delta DELTA --reason TEXT.")
@@ -735,7 +736,7 @@ class Registry:
             others, others_delta = self._charges(conn, dataset.id, besides=run_id)
             if others + target > locked.budget_epsilon * (1 + TOLERANCE):
                 raise DatasetBudgetError(
-                    f"Data set {label} has a budget of ε = {locked.budget_epsilon:g} across all its runs; its "
+                    f"The budget of {label} is ε = {locked.budget_epsilon:g} across all its runs; its "
                     f"other runs hold ε = {others:.4g}, so this run's privacy.epsilon={target:g} does not fit (ε = "
                     f"{max(locked.budget_epsilon - others, 0):.4g} left). Nothing was released. Lower privacy.epsilon, "
                     f"or raise the budget: python -m lightning_dp.budget raise {command} EPSILON --reason TEXT.")
@@ -804,7 +805,7 @@ class Registry:
             if committed > row.claim_epsilon * (1 + TOLERANCE) or others + committed > dataset.budget_epsilon * (
                     1 + TOLERANCE):
                 raise DatasetBudgetError(
-                    f"Data set {lease.label}: this release would bring its runs to ε = {others + committed:.4g}, above "
+                    f"This release would bring the runs of {lease.label} to ε = {others + committed:.4g}, above "
                     f"its budget ε = {dataset.budget_epsilon:g}. Nothing was released. Raise the budget (python -m "
                     "lightning_dp.budget raise NAME EPSILON --reason TEXT), then resume with resume=last.")
             seq = row.seq + 1

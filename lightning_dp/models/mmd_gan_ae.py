@@ -27,8 +27,14 @@ gradient moves the weights as far as an unclipped one): real codes collapsed (me
 generated codes sat 3.4 away, so every RBF of σ ≤ 1 saturated and the generator got no gradient. MMD-GAN (Li et al.
 2017, "MMD GAN: Towards deeper understanding of moment matching network", Algorithm 1) clips the encoder's
 *weights* instead, which bounds its Lipschitz constant and so the codes, with σ ∈ {1, 2, 4, 8, 16} on them. The
-optional row term makes the generator's kernel characteristic whatever the encoder learned (an MMD on the rows
-themselves, as a GMMN's). The thesis leaves out the batch size (its code: 200), the kernel
+row term (``row_mmd_weight``) makes the generator's kernel characteristic whatever the encoder learned (an MMD on
+the rows themselves, as a GMMN's). ``label_kernel`` multiplies both kernels by the label's delta kernel: the label
+is one block among many, so an RBF on whole rows (or their codes) barely sees whether it goes with the right
+features, while the product measures the label's joint with the rest (``kernels.mmd.label_product_kernel``;
+DP-MERF's construction). Measured on Cervical (500 epochs, seed 0, ROC of the audit's three classifiers, score):
+the thesis' code 0.46, weight clipping and σ ∈ {1…16} 0.67, + the row term 0.65, + the label kernel 0.74 (real
+rows 0.74). The config's defaults are these departures; the thesis' code is ``block_output=linear
+bandwidths=[0.1,0.5,1.0] weight_clip=null row_mmd_weight=0 label_kernel=false``. The thesis leaves out the batch size (its code: 200), the kernel
 (its code's), the estimator (U here; ``statistic``) and the iteration count.
 
 **Privacy.** The thesis makes no DP claim and neither does this model: both losses read the real batch through

@@ -91,7 +91,7 @@ def test_a_data_set_budget_refuses_the_run_that_does_not_fit_whichever_folder(re
     assert run.epsilon_spent <= 1.0 + 1e-9 and run.charge <= 1.5
     refused = [tmp_path / f"run{k}" for k in range(2) if not (tmp_path / f"run{k}" / "ledger.json").exists()]
     assert len(refused) == 1 and (not refused[0].exists() or not any(refused[0].iterdir()))  # nothing written
-    with pytest.raises(UserError, match=r"budget of ε = 1.5 across all its runs.*lightning_dp.budget raise breast"):
+    with pytest.raises(UserError, match=r"budget of data set 'breast' is ε = 1.5 across all its runs.*lightning_dp.budget raise breast"):
         train(make_cfg(tmp_path / "third", *cfg))
 
 

@@ -48,6 +48,8 @@ def test_mmd_gan_ae_on_cervical_rounds_binary_columns_and_makes_no_dp_claim(tmp_
     run = load_run(result["checkpoint"])
     model = run.model
     assert bool(model.standardizer.fitted)  # the z-scores travel in the checkpoint
+    clip = model.hparams.weight_clip  # MMD-GAN's weight clipping bounds the encoder (and so its codes)
+    assert clip and all(w.abs().max() <= clip for w in model.discriminator.encoder.parameters())
     x, y = model.sample(64, seed=0)
     c = model.n_continuous
     assert x[:, :c].min() >= 0 and x[:, :c].max() <= 1

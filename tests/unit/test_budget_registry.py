@@ -285,7 +285,7 @@ def test_the_data_sets_delta_budget_bounds_the_sum_of_its_runs_delta(url, tmp_pa
     assert ds.budget_delta == 2.5e-5
     lease_a = reg.open_run(run_id="a", dataset=ds, ledger=_ledger(), output_dir=tmp_path / "a")
     lease_b = reg.open_run(run_id="b", dataset=ds, ledger=_ledger(), output_dir=tmp_path / "b")  # Σδ = 2e-5
-    with pytest.raises(DatasetBudgetError, match="δ budget of 2.5e-05.*δ = 2e-05.*Nothing was released"):
+    with pytest.raises(DatasetBudgetError, match="δ budget of the unnamed data set.* is 2.5e-05.*δ = 2e-05.*Nothing was released"):
         reg.open_run(run_id="c", dataset=ds, ledger=_ledger(), output_dir=tmp_path / "c")
     b = _ledger()
     b.register = lambda led: reg.record(lease_b, led)
