@@ -356,9 +356,6 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     cache = Path(args.cache)
     cache.mkdir(parents=True, exist_ok=True)
-    # trainings spend from a throwaway budget registry in the cache, never the user's
-    os.environ.setdefault("LIGHTNING_DP_REGISTRY", str(cache / "budget.sqlite"))
-    os.environ.setdefault("LIGHTNING_DP_DEFAULT_BUDGET", "1000000")
     rows = run(args.seeds, args.sizes, cache, args.anonymeter)
     print(table(rows, args.sizes))
 

@@ -59,12 +59,14 @@ def _tiny_data(folder):
             "y": rng.choice(["no", "yes"], n),
         }
     )
+    frame.loc[rng.random(n) < 0.05, "c"] = "?"  # missing cells: the run's files must keep the schema's token
     schema = {
         "label": "y",
+        "missing_values": ["?"],
         "columns": [
             {"name": "a", "type": "categorical", "categories": LEVELS},
             {"name": "b", "type": "categorical", "categories": LEVELS},
-            {"name": "c", "type": "categorical", "categories": LEVELS[:10]},
+            {"name": "c", "type": "categorical", "categories": LEVELS[:10], "missing": True},
             {"name": "x", "type": "continuous", "bounds": [0, 1]},
             {"name": "y", "type": "categorical", "categories": ["no", "yes"]},
         ],
