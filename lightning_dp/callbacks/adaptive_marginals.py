@@ -182,10 +182,9 @@ class AdaptiveMarginals(Callback):
             gram = flat[: size * size].view(size, size)
             totals = list(torch.split(flat[size * size :], [len(t) for t in totals]))
         gram = gram.cpu()
-        exact = {c: mg.clique_from_pairs(gram, c, levels) for c in [(c,) for c in range(len(levels))]}
-        exact.update({c: mg.clique_from_pairs(gram, c, levels) for c in module.cliques if len(c) == 2})
-        exact.update({c: t.cpu() for c, t in zip(big, totals)})
-        return exact
+        small = [(c,) for c in range(len(levels))] + [c for c in module.cliques if len(c) == 2]
+        return {**{c: mg.clique_from_pairs(gram, c, levels) for c in small},
+                **{c: t.cpu() for c, t in zip(big, totals, strict=True)}}
 
     # ---------------------------------------------------------------- releases
     def _release_one_way(self, trainer: Trainer, module: Any) -> None:
