@@ -56,6 +56,28 @@ def bundled_schema(name: str) -> Schema:
     return Schema.from_dict(yaml.safe_load(text))
 
 
+def source_schema(name: str, schema: str | Path | None = None) -> Schema:
+    """The schema of a bundled data set: the shipped one, or the user's ``data.schema=PATH`` in its place.
+
+    A user's schema may change any column's keys (spikes, bins, bounds, integer, missing...) and the label, but it
+    must name exactly the bundled columns (the files are read by those names).
+
+    Raises:
+        DataError: the file cannot be read as a schema, or its column names differ from the data set's.
+    """
+    shipped = bundled_schema(name)
+    if not schema:
+        return shipped
+    own = Schema.from_yaml(schema)
+    missing = [n for n in shipped.names if n not in own.names]
+    unknown = [n for n in own.names if n not in shipped.names]
+    if missing or unknown:
+        raise DataError(f"data.schema={str(schema)!r} must name exactly the {name} columns: missing {missing}, unknown "
+                        f"{unknown}. Start from a copy of lightning_dp/data/schemas/{name}.yaml and change keys, not "
+                        "names.")
+    return own
+
+
 def _root(root: str | Path | None) -> Path:
     return Path(root) if root else DEFAULT_ROOT
 
@@ -103,17 +125,18 @@ def read_table(path: str | Path, **kwargs) -> pd.DataFrame:
     return df
 
 
-def load_breast_cancer(**_: object) -> TabularSource:
+def load_breast_cancer(schema: str | Path | None = None, **_: object) -> TabularSource:
     """scikit-learn's breast cancer data (569 × 30, binary), bundled with scikit-learn."""
     from sklearn.datasets import load_breast_cancer as sk_load
 
     bc = sk_load()
     df = pd.DataFrame(bc.data, columns=list(bc.feature_names))
     df["diagnosis"] = np.asarray(bc.target_names, dtype=object)[bc.target]
-    return TabularSource(train=df, test=None, schema=bundled_schema("breast_cancer"), name="breast_cancer")
+    return TabularSource(train=df, test=None, schema=source_schema("breast_cancer", schema),
+                         name="breast_cancer")
 
 
-def load_diabetes(**_: object) -> TabularSource:
+def load_diabetes(schema: str | Path | None = None, **_: object) -> TabularSource:
     """scikit-learn's diabetes data (442 × 10 features + a regression target), bundled with scikit-learn.
 
     The features as scikit-learn ships them (mean-centred, scaled so that each column's squares sum to 1), the
@@ -124,25 +147,25 @@ def load_diabetes(**_: object) -> TabularSource:
     d = sk_load()
     df = pd.DataFrame(d.data, columns=list(d.feature_names))
     df["target"] = d.target
-    return TabularSource(train=df, test=None, schema=bundled_schema("diabetes"), name="diabetes")
+    return TabularSource(train=df, test=None, schema=source_schema("diabetes", schema), name="diabetes")
 
 
-def load_adult(root: str | Path | None = None, **_: object) -> TabularSource:
+def load_adult(root: str | Path | None = None, schema: str | Path | None = None, **_: object) -> TabularSource:
     """UCI Adult, train (32,561) and test (16,281) as shipped; test labels lose their trailing '.'."""
     folder = _require(_root(root) / "adult", "The Adult data set")
-    schema = bundled_schema("adult")
-    kw = dict(header=None, names=schema.names, skipinitialspace=True, dtype=str, keep_default_na=False)
+    kw = dict(header=None, names=bundled_schema("adult").names, skipinitialspace=True, dtype=str, keep_default_na=False)
     train = pd.read_csv(_require(folder / "adult.data", "adult.data"), **kw)
     test = pd.read_csv(_require(folder / "adult.test", "adult.test"), skiprows=1, **kw)
     train, test = (d[d["income"].str.len() > 0].reset_index(drop=True) for d in (train, test))
     test["income"] = test["income"].str.rstrip(".")
-    return TabularSource(train=train, test=test, schema=schema, name="adult")
+    return TabularSource(train=train, test=test, schema=source_schema("adult", schema), name="adult")
 
 
-def load_cervical(root: str | Path | None = None, **_: object) -> TabularSource:
+def load_cervical(root: str | Path | None = None, schema: str | Path | None = None, **_: object) -> TabularSource:
     """UCI Cervical cancer risk factors (858 rows, label Biopsy)."""
     path = _require(_root(root) / "cervical" / "risk_factors_cervical_cancer.csv", "The Cervical data set")
-    return TabularSource(train=read_table(path), test=None, schema=bundled_schema("cervical"), name="cervical")
+    return TabularSource(train=read_table(path), test=None, schema=source_schema("cervical", schema),
+                         name="cervical")
 
 
 def load_csv(path: str | Path | None = None, schema: str | Path | None = None, test_path: str | Path | None = None,

@@ -123,3 +123,32 @@ def test_cervical_has_missing_values_modelled():
     src = load_source("cervical")
     df = validate(src.train, src.schema)
     assert len(df) == 858 and df.isna().any().sum() == 26
+
+
+def test_bundled_data_set_takes_a_modified_schema(tmp_path):
+    """data.schema=PATH replaces a bundled data set's shipped schema (its keys changed, the same column names); a
+    schema naming other columns is refused with the fix, before anything is read from rows."""
+    import yaml
+
+    from lightning_dp.data.datamodule import PrivateDataModule
+    from lightning_dp.data.sources import bundled_schema
+
+    shipped = bundled_schema("breast_cancer").to_dict()
+    radius = next(c for c in shipped["columns"] if c["name"] == "mean radius")
+    assert radius["bounds"] != [0.0, 50.0]
+    radius["bounds"] = [0.0, 50.0]
+    mine = tmp_path / "breast_cancer.yaml"
+    mine.write_text(yaml.safe_dump(shipped))
+    dm = PrivateDataModule(name="breast_cancer", schema=str(mine), holdout_fraction=0.0, public_num_rows=569,
+                           representation="minmax")
+    dm.prepare(PrivacyLedger(target_epsilon=1.0, delta=1e-5), generator=mech.noise_generator(0))
+    released = dm.state_dict()["schema"]
+    assert next(c for c in released["columns"] if c["name"] == "mean radius")["bounds"] == [0.0, 50.0]
+    assert load_source("breast_cancer").schema["mean radius"].bounds == bundled_schema("breast_cancer")[
+        "mean radius"].bounds  # without data.schema: the shipped one
+
+    radius["name"] = "radius"
+    mine.write_text(yaml.safe_dump(shipped))
+    with pytest.raises(DataError, match=r"must name exactly the breast_cancer columns: missing \['mean radius'\], "
+                                        r"unknown \['radius'\]"):
+        load_source("breast_cancer", schema=mine)
