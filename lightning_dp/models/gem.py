@@ -198,16 +198,9 @@ class GEM(GeneratorModule):
         return {"level_sizes": list(disc.levels)}
 
     @staticmethod
-    def check_schema(module_cfg: Mapping[str, Any], schema: Any) -> None:
-        """Refuse settings out of range and a workload too large for memory, before any release.
-
-        Raises:
-            ConfigError: the first problem, with the setting to change.
-        """
-        keys = ("bins", "degree", "target_weight", "batch_size", "steps_per_epoch", "lr")
-        check_settings(**{k: module_cfg[k] for k in keys if k in module_cfg})
-        if schema is None:
-            return
+    def schema_levels(module_cfg: Mapping[str, Any], schema: Any) -> list[int]:
+        """The discretised columns' level counts as the public schema fixes them (a DP category release can only
+        lower a count left open; one column per schema column, plus a missing indicator where declared)."""
         bins = module_cfg.get("bins", 32)
         levels = []
         for c in schema.columns:
@@ -218,6 +211,20 @@ class GEM(GeneratorModule):
                     levels.append(2)
             else:  # categories left to a DP release: at most as many as the rows allow; checked again at build
                 levels.append(len(c.categories) + (1 if c.missing else 0) if c.categories is not None else 2)
+        return levels
+
+    @staticmethod
+    def check_schema(module_cfg: Mapping[str, Any], schema: Any) -> None:
+        """Refuse settings out of range and a workload too large for memory, before any release.
+
+        Raises:
+            ConfigError: the first problem, with the setting to change.
+        """
+        keys = ("bins", "degree", "target_weight", "batch_size", "steps_per_epoch", "lr")
+        check_settings(**{k: module_cfg[k] for k in keys if k in module_cfg})
+        if schema is None:
+            return
+        levels = GEM.schema_levels(module_cfg, schema)
         if len(levels) < 2:
             raise ConfigError("model=gem models the dependence between columns; the data set needs at least two "
                               "columns (the label counts).")
