@@ -14,14 +14,24 @@ with ``m`` canaries cannot tell (one run gives a weaker bound than many runs wou
 
 Canaries are records drawn at random from the schema's public domain (categories uniformly, numbers uniformly
 within the public bounds, else HOLDOUT's range): unusual combinations, as far from the real rows as the schema
-allows, so that their inclusion is as visible as possible. Each canary's score is its best record-linkage match
-weight (:mod:`audits.linkage`, weights fitted on the training rows WITHOUT canaries, so that no score depends on
-the inclusion bits except through the synthetic rows). Several ``(k+, k−)`` are tried; the confidence is split
-among them (Bonferroni), so the reported best bound stays valid.
+allows, so that their inclusion is as visible as possible. Every attack that applies scores them, and the
+confidence is split among the attacks (Bonferroni) as it is among the ``(k+, k−)`` tried, so the reported largest
+bound stays valid:
+
+* ``black_box``: each canary's best record-linkage match weight to the synthetic rows (:mod:`audits.linkage`,
+  weights fitted on the training rows WITHOUT canaries, so that no score depends on the bits except through the
+  synthetic rows);
+* ``embedding`` (DP-MERF): the released mean embedding in the checkpoint, the rows without canaries known
+  (:func:`audits.white_box.dp_merf_embedding_scores`);
+* ``gradient`` (runs trained with DP-SGD): a second, independent set of Dirac gradient canaries inserted into
+  DP-SGD's clipped sum, scored from every step's release (:class:`audits.white_box.InsertDiracCanaries`). Their
+  coordinates are public and their bits independent of the row canaries', so each set's bound is valid with the
+  other set's randomness counted as the mechanism's.
 
 Command::
 
-    python -m audits one-run --canaries 1000 --out DIR [--seed 0] [--confidence 0.95] -- experiment=dp_merf_adult
+    python -m audits one-run --canaries 1000 --out DIR [--seed 0] [--confidence 0.95] [--gradient-canaries M] \
+        -- experiment=dp_merf_adult
 
 writes ``DIR/one_run.json`` (private: the inclusion bits and scores come from a run on the real rows) and the
 run's artefacts under ``DIR/run``.

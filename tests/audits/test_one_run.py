@@ -143,6 +143,7 @@ def test_white_box_gradient_canaries_on_dp_gan(tmp_path, capsys, monkeypatch, ep
     monkeypatch.setenv("LIGHTNING_DP_REGISTRY", str(tmp_path / "budget.sqlite"))
     overrides = [o for o in _tiny_data(tmp_path) if not o.startswith("model")] + [
         "model=dp_gan", "data.batch_size=16", "trainer.max_epochs=5", "model.module.batch_size=16",
+        "model.generator.hidden=[32]", "model.discriminator.hidden=[32]",
     ]
     out = tmp_path / "audit"
     code = main(["one-run", "--canaries", "200", "--out", str(out), *overrides, f"privacy.epsilon={epsilon}"])
