@@ -14,14 +14,24 @@ with ``m`` canaries cannot tell (one run gives a weaker bound than many runs wou
 
 Canaries are records drawn at random from the schema's public domain (categories uniformly, numbers uniformly
 within the public bounds, else HOLDOUT's range): unusual combinations, as far from the real rows as the schema
-allows, so that their inclusion is as visible as possible. Each canary's score is its best record-linkage match
-weight (:mod:`audits.linkage`, weights fitted on the training rows WITHOUT canaries, so that no score depends on
-the inclusion bits except through the synthetic rows). Several ``(k+, k−)`` are tried; the confidence is split
-among them (Bonferroni), so the reported best bound stays valid.
+allows, so that their inclusion is as visible as possible. Every attack that applies scores them, and the
+confidence is split among the attacks (Bonferroni) as it is among the ``(k+, k−)`` tried, so the reported largest
+bound stays valid:
+
+* ``black_box``: each canary's best record-linkage match weight to the synthetic rows (:mod:`audits.linkage`,
+  weights fitted on the training rows WITHOUT canaries, so that no score depends on the bits except through the
+  synthetic rows);
+* ``embedding`` (DP-MERF): the released mean embedding in the checkpoint, the rows without canaries known
+  (:func:`audits.white_box.dp_merf_embedding_scores`);
+* ``gradient`` (runs trained with DP-SGD): a second, independent set of Dirac gradient canaries inserted into
+  DP-SGD's clipped sum, scored from every step's release (:class:`audits.white_box.InsertDiracCanaries`). Their
+  coordinates are public and their bits independent of the row canaries', so each set's bound is valid with the
+  other set's randomness counted as the mechanism's.
 
 Command::
 
-    python -m audits one-run --canaries 1000 --out DIR [--seed 0] [--confidence 0.95] -- experiment=dp_merf_adult
+    python -m audits one-run --canaries 1000 --out DIR [--seed 0] [--confidence 0.95] [--gradient-canaries M] \
+        -- experiment=dp_merf_adult
 
 writes ``DIR/one_run.json`` (private: the inclusion bits and scores come from a run on the real rows) and the
 run's artefacts under ``DIR/run``.
@@ -42,6 +52,7 @@ import pandas as pd
 from scipy.stats import binom
 
 from audits.linkage import MatchWeights, best_matches
+from audits.white_box import SPARSE_RATE, SPIKE_WINDOW, InsertDiracCanaries, dp_merf_embedding_scores
 
 log = logging.getLogger(__name__)
 
@@ -199,10 +210,12 @@ def one_run(
     out: str | Path,
     seed: int = 0,
     confidence: float = 0.95,
+    gradient_canaries: int | None = None,
 ) -> dict[str, Any]:
-    """Insert ``canaries`` canaries with probability ½ each, train once with ``overrides`` (``train.py``'s), score
-    the canaries on the synthetic rows and bound ε (module docstring). Writes ``out/one_run.json`` and the run
-    under ``out/run``; returns the same dict.
+    """Insert ``canaries`` row canaries with probability ½ each (and, when the run trains with DP-SGD,
+    ``gradient_canaries`` Dirac gradient canaries, default as many; 0 for none), train once with ``overrides``
+    (``train.py``'s), score the canaries with every attack that applies and bound ε (module docstring). Writes
+    ``out/one_run.json`` and the run under ``out/run``; returns the same dict.
 
     Raises:
         ValueError: image data, too few canaries, a schema without public categories, or bad overrides.
@@ -215,6 +228,8 @@ def one_run(
 
     if canaries < 20:
         raise ValueError(f"--canaries must be at least 20 (the bound needs guesses), got {canaries}.")
+    if gradient_canaries is not None and 0 < gradient_canaries < 20 or (gradient_canaries or 0) < 0:
+        raise ValueError(f"--gradient-canaries must be 0 (none) or at least 20, got {gradient_canaries}.")
     out = Path(out)
     if (out / "one_run.json").exists() or (out / "run").exists():
         raise ValueError(f"{str(out)!r} already holds a one-run audit; pass a new --out folder.")
@@ -254,7 +269,9 @@ def one_run(
             f"output_dir={out / 'run'}",
         ]
     )
-    result = train(run_cfg)
+    gradient_canaries = canaries if gradient_canaries is None else gradient_canaries
+    gradient = InsertDiracCanaries(canaries=gradient_canaries, seed=seed, required=False) if gradient_canaries else None
+    result = train(run_cfg, callbacks=[gradient] if gradient else [])
     synthetic = (
         pd.read_csv(result["synthetic"])
         if str(result["synthetic"]).endswith(".csv")
@@ -262,20 +279,60 @@ def one_run(
     )
     numeric = [c.name for c in schema.columns if c.type == "continuous"]
     real = _typed(dm.train_frame, numeric)
-    scores = canary_scores(_typed(drawn, numeric), _typed(synthetic[real.columns], numeric), real, numeric)
     ledger = json.loads(Path(result["ledger"]).read_text())
-    res = audit_scores(scores, included, delta=float(ledger["delta"]), confidence=confidence, seed=seed)
+    delta = float(ledger["delta"])
+    scored: dict[str, tuple[np.ndarray, np.ndarray, str]] = {  # attack -> (scores, bits, what it reads)
+        "black_box": (
+            canary_scores(_typed(drawn, numeric), _typed(synthetic[real.columns], numeric), real, numeric),
+            included,
+            "row canaries; score = best record-linkage match weight to a synthetic row (synthetic rows only)",
+        )
+    }
+    if _releases_embedding(run_cfg):
+        scored["embedding"] = (
+            dp_merf_embedding_scores(result["checkpoint"], dm.train_frame, drawn, schema),
+            included,
+            "the same row canaries; score = least-squares weight of h(canary) in the released DP-MERF embedding "
+            "(checkpoint), the rows without canaries known",
+        )
+    if gradient is not None and gradient.canaries is not None:
+        g = gradient.canaries
+        scored["gradient"] = (
+            g.attack_scores(),
+            g.included,
+            f"{len(g.included)} Dirac gradient canaries of DP-SGD (σ = {gradient.noise_multiplier:.4g}, "
+            f"{g.steps} steps, q = {g.sample_rate:.4g}, {g.sampled} canary examples sampled); score = "
+            + ("spike likelihood ratio of the detrended per-step release at the canary's coordinate"
+               if g.sample_rate <= SPARSE_RATE and g.steps >= SPIKE_WINDOW else "Σ_t release_t[k_j] / C"),
+        )
+    each = 1.0 - (1.0 - confidence) / len(scored)  # Bonferroni over the attacks: the largest bound holds jointly
+    attacks = {}
+    for name, (scores, bits, what) in scored.items():
+        attacks[name] = {
+            **audit_scores(scores, bits, delta=delta, confidence=each, seed=seed),
+            "attack": what,
+            "scores": {"included": scores[bits].tolist(), "excluded": scores[~bits].tolist()},
+        }
+    top = max(attacks, key=lambda a: attacks[a]["epsilon_lower_bound"])
+    res = {
+        "epsilon_lower_bound": attacks[top]["epsilon_lower_bound"],
+        "attack": top,
+        "best": attacks[top]["best"],
+        "confidence": confidence,
+        "m": canaries,
+        "included": int(included.sum()),
+        "attacks": attacks,
+    }
     res.update(
         {
             "claimed_epsilon": float(ledger["epsilon"]),
-            "claimed_delta": float(ledger["delta"]),
+            "claimed_delta": delta,
             "violation": res["epsilon_lower_bound"] > float(ledger["epsilon"]),
             "overrides": list(overrides),
             "run": str(out / "run"),
             "training_rows": len(train_rows),
             "synthetic_rows": len(synthetic),
             "seconds": round(time.time() - start, 1),
-            "scores": {"included": scores[included].tolist(), "excluded": scores[~included].tolist()},
             "private": "Computed from a run on the real rows: the inclusion bits and scores are not DP. Handle "
             "like the private data.",
         }
@@ -284,6 +341,11 @@ def one_run(
     tmp.write_text(json.dumps(res, indent=1) + "\n")
     tmp.replace(out / "one_run.json")
     return res
+
+
+def _releases_embedding(cfg: Any) -> bool:
+    """Whether the run's model is DP-MERF (the released embedding the white-box embedding attack reads)."""
+    return str(cfg.model.module.get("_target_", "")).endswith("dp_merf.DPMERF")
 
 
 def _typed(frame: pd.DataFrame, numeric: list[str]) -> pd.DataFrame:
@@ -312,6 +374,10 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument("--out", required=True, help="a new folder for one_run.json and the run")
     parser.add_argument("--seed", type=int, default=0, help="seed of the canaries and their inclusion bits")
     parser.add_argument("--confidence", type=float, default=0.95, help="confidence of the lower bound")
+    parser.add_argument(
+        "--gradient-canaries", type=int, default=None,
+        help="Dirac gradient canaries when the run trains with DP-SGD (default: as many as --canaries; 0: none)",
+    )
     parser.add_argument("overrides", nargs="*", help="train.py overrides, e.g. experiment=dp_merf_adult")
     args = parser.parse_args(list(argv))
     if not 0.5 <= args.confidence < 1:
@@ -319,16 +385,20 @@ def main(argv: Sequence[str]) -> int:
         return 2
     try:
         res = one_run(
-            args.overrides, canaries=args.canaries, out=args.out, seed=args.seed, confidence=args.confidence
+            args.overrides, canaries=args.canaries, out=args.out, seed=args.seed, confidence=args.confidence,
+            gradient_canaries=args.gradient_canaries,
         )
     except (UserError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    b = res["best"]
+    for name, a in res["attacks"].items():
+        b = a["best"]
+        print(f"  {name}: ε ≥ {a['epsilon_lower_bound']:.3f} (m = {a['m']}, {a['included']} inserted; {b['v']} of "
+              f"{b['r']} guesses correct)")
     print(
-        f"one-run audit: ε ≥ {res['epsilon_lower_bound']:.3f} with {res['confidence']:.0%} confidence "
-        f"(m = {res['m']} canaries, {res['included']} inserted; {b['v']} of {b['r']} guesses correct) against the "
-        f"claimed ε = {res['claimed_epsilon']:.4g}; {res['seconds']} s. "
+        f"one-run audit: ε ≥ {res['epsilon_lower_bound']:.3f} with {res['confidence']:.0%} confidence (the "
+        f"{res['attack']} attack; {len(res['attacks'])} attacks, Bonferroni) against the claimed ε = "
+        f"{res['claimed_epsilon']:.4g}; {res['seconds']} s. "
         + ("VIOLATION: the bound exceeds the claim." if res["violation"] else "No violation found.")
     )
     return 1 if res["violation"] else 0

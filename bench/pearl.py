@@ -1,7 +1,8 @@
 """PEARL speed in the Adult setting: generator steps/s and the one-shot release, timed in one run.
 
 The model is PEARL's Adult configuration (K = 500 frequency vectors, batch 1,100, a critic step every 10
-generator steps) on the Adult model space (6 continuous columns + 102 one-hot). The release is the
+generator steps) on the Adult model space of a run (the data module's layout, the ``cells`` representation by
+default; 6 continuous columns + 102 one-hot for the random stand-in). The release is the
 ``SanitizedEmbedding`` callback's whole job on the private rows: the DP moments for σ0 (one pass), the
 class-wise CF sums and counts (a second pass), the calibrations and the noise. The rows are the real
 Adult training split when ``../shared/data/adult`` exists, otherwise random rows of the same layout and
@@ -37,6 +38,8 @@ N_CON = 6
 
 class RandomRows:
     """Stand-in for the data module when Adult is absent: random model-space rows, fixed seed."""
+
+    layout = {"n_continuous": N_CON, "block_sizes": ADULT_BLOCKS}
 
     def __init__(self, n: int, seed: int = 0) -> None:
         gen = torch.Generator().manual_seed(seed)
@@ -86,12 +89,13 @@ class StepTimer(pl.Callback):
         self.elapsed = time.perf_counter() - self.start
 
 
-def make_model(critic: bool, device: str) -> PEARL:
-    gen = ConditionalGenerator(n_continuous=N_CON, block_sizes=ADULT_BLOCKS, num_classes=2, latent_dim=10)
+def make_model(critic: bool, device: str, layout: dict) -> PEARL:
+    n_con, blocks = layout["n_continuous"], list(layout["block_sizes"])
+    gen = ConditionalGenerator(n_continuous=n_con, block_sizes=blocks, num_classes=2, latent_dim=10)
     return PEARL(
         gen,
-        n_continuous=N_CON,
-        block_sizes=ADULT_BLOCKS,
+        n_continuous=n_con,
+        block_sizes=blocks,
         num_classes=2,
         num_features=1000,
         batch_size=1100,
@@ -117,7 +121,7 @@ def main() -> None:
     data, what = adult_rows(args.rows)
 
     # one-shot release: both passes over the private rows, calibration and noise, as in a run
-    model = make_model(True, dev)
+    model = make_model(True, dev, data.layout)
     ledger = PrivacyLedger(target_epsilon=1.0, delta=1e-5)
     callback = SanitizedEmbedding(
         ledger=ledger, datamodule=data, bandwidth_epsilon_fraction=0.5, budget_split="rdp"
@@ -130,8 +134,9 @@ def main() -> None:
     t_release = time.perf_counter() - start
     sigmas = {r.name.split("/")[-1]: r.noise_multiplier for r in ledger.releases}
 
+    width = data.layout["n_continuous"] + sum(data.layout["block_sizes"])
     print(
-        f"PEARL, Adult setting: K = 500 frequencies (1,000 real features), d = {N_CON + sum(ADULT_BLOCKS)}, "
+        f"PEARL, Adult setting: K = 500 frequencies (1,000 real features), d = {width}, "
         f"batch 1,100 (+2), n_gen = 10; device {dev}, {torch.get_num_threads()} CPU threads"
     )
     print(
@@ -145,7 +150,7 @@ def main() -> None:
         if k in ("target", "class_probs", "bandwidth", "released")
     }
     for critic in (True, False):
-        model = make_model(critic, dev)
+        model = make_model(critic, dev, data.layout)
         model.load_state_dict(released, strict=False)
         model.hparams.steps_per_epoch = args.warmup + args.steps
         timer = StepTimer(args.warmup, sync)

@@ -122,13 +122,39 @@ def peer_inputs(train: pd.DataFrame, schema: Any, folder: Path) -> tuple[Path, P
     return path, domain
 
 
+def as_categories(column: pd.Series, categories: list[str]) -> pd.Series:
+    """A categorical column of a synthetic CSV in the schema's category strings, NaN where missing.
+
+    ``read_csv`` turns numeric-looking categories into numbers (``0``, or ``0.0`` when the column also holds a
+    missing value) while the real frames hold the schema's strings (``"0"``): compared as they are, every category
+    of such a column mismatches (Cervical's 0/1 columns). A value equal as a number to a category becomes that
+    category; ``<missing>`` (the peers' token) and NaN become NaN; anything else keeps its string.
+    """
+    def number(text: str) -> float | None:
+        try:
+            return float(text)
+        except ValueError:
+            return None
+
+    by_number = {number(cat): cat for cat in reversed(categories) if number(cat) is not None}
+
+    def one(v: Any) -> Any:
+        if v is None or (isinstance(v, float) and np.isnan(v)) or str(v) == MISSING:
+            return np.nan
+        text = str(v)
+        return text if text in categories else by_number.get(number(text), text)
+
+    return column.astype(object).map(one).astype(object)
+
+
 def score(synth: pd.DataFrame, test: pd.DataFrame, schema: Any, seed: int) -> dict[str, float]:
     from audits.fidelity import two_way_marginal_error
     from audits.utility import tstr
 
     cats = [c.name for c in schema.columns if c.type == "categorical"]
-    for c in cats:
-        synth[c] = synth[c].astype(object).where(synth[c].astype(str) != MISSING, np.nan)
+    for c in schema.columns:
+        if c.type == "categorical":
+            synth[c.name] = as_categories(synth[c.name], [str(v) for v in c.categories])
     res = tstr(synth[test.columns], test, label=schema.label, classifiers="pearl", seed=seed,
                categorical=[c for c in cats if c != schema.label])
     avg = res.summary["average"]

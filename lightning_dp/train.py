@@ -132,7 +132,8 @@ def _resume_path(cfg: DictConfig) -> Path | None:
     return Path(cfg.output_dir) / "checkpoints" / "last.ckpt" if cfg.resume == "last" else Path(cfg.resume)
 
 
-def train(cfg: DictConfig, *, overrides: Sequence[str] | None = None) -> dict[str, Any]:
+def train(cfg: DictConfig, *, overrides: Sequence[str] | None = None,
+          callbacks: Sequence[pl.Callback] = ()) -> dict[str, Any]:
     """Train one generator privately and write the run's artefacts to ``cfg.output_dir``.
 
     Writes ``config.yaml``, ``versions.json``, ``ledger.json``, ``checkpoints/last.ckpt`` and
@@ -148,6 +149,8 @@ def train(cfg: DictConfig, *, overrides: Sequence[str] | None = None) -> dict[st
         cfg: the composed config.
         overrides: the command line's overrides (``train.py``); with ``resume``, they are applied to the
             run's saved config, and only those in ``resume.RESUMABLE`` are allowed.
+        callbacks: extra Lightning callbacks, run after the mechanisms (the white-box one-run audit attaches its
+            gradient canaries to DP-SGD this way; ``audits.white_box``). Not reachable from train.py's configs.
 
     Returns:
         Paths of the artefacts (``output_dir``, ``checkpoint``, ``ledger``, ``synthetic``), the ε and δ spent,
@@ -160,6 +163,8 @@ def train(cfg: DictConfig, *, overrides: Sequence[str] | None = None) -> dict[st
         BudgetExceededError: the budget is already spent (e.g. resuming a finished run).
     """
     if cfg.get("tune"):  # private hyperparameter selection: candidates are train() runs with tune=null
+        if callbacks:
+            raise ValueError("train(callbacks=...) is for one run; a tuning run (tune=...) trains many.")
         from lightning_dp.tuning.tune import tune
 
         progress = (cfg.get("callbacks") or {}).get("progress") or {}
@@ -171,7 +176,7 @@ def train(cfg: DictConfig, *, overrides: Sequence[str] | None = None) -> dict[st
     try:
         with tracker.session(every=progress.get("every_seconds"), enabled=progress.get("enabled")), \
                 contextlib.ExitStack() as stack:  # the budget registry's session and folder lock end with the run
-            return _train(cfg, overrides=overrides, run_log=run_log, held=held, stack=stack)
+            return _train(cfg, overrides=overrides, run_log=run_log, held=held, stack=stack, callbacks=callbacks)
     except UserError as err:
         say_spent(err, held.get("ledger"), Path(held.get("output_dir", cfg.output_dir)))
         raise
@@ -269,7 +274,8 @@ class _RunFiles:
 
 
 def _train(cfg: DictConfig, *, overrides: Sequence[str] | None, run_log: RunLog,
-           held: dict[str, Any], stack: contextlib.ExitStack) -> dict[str, Any]:
+           held: dict[str, Any], stack: contextlib.ExitStack,
+           callbacks: Sequence[pl.Callback] = ()) -> dict[str, Any]:
     resume = _resume_path(cfg)
     external = bool(cfg.get("resume_external"))
     if resume is not None:
@@ -356,7 +362,7 @@ def _train(cfg: DictConfig, *, overrides: Sequence[str] | None, run_log: RunLog,
     mechanisms = complete_mechanisms(cfg, mechanisms, ledger=ledger, datamodule=dm, noise_seed=noise_seed)
     logger = GuardedCSVLogger(str(out), name="logs", declared=lambda: declared_metrics(model))  # declared keys only
     quiet_lightning()
-    trainer = pl.Trainer(**trainer_options(cfg.trainer), default_root_dir=str(out), callbacks=[ProgressLines(mechanisms), record, *mechanisms],
+    trainer = pl.Trainer(**trainer_options(cfg.trainer), default_root_dir=str(out), callbacks=[ProgressLines(mechanisms), record, *mechanisms, *callbacks],
                          enable_checkpointing=False, plugins=[AtomicCheckpointIO()], logger=logger)
     fit_kwargs: dict[str, Any] = {"ckpt_path": str(ckpt_path) if ckpt_path else None, "weights_only": True}
     if getattr(model, "uses_private_batches", False):

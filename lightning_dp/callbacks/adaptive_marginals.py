@@ -123,6 +123,25 @@ class AdaptiveMarginals(Callback):
             raise ConfigError(f"AdaptiveMarginals: anneal must be gap or movement (AIM's literal test), got "
                               f"{node.get('anneal')!r}.")
 
+    @staticmethod
+    def check_plan(node: Mapping[str, Any], module_cls: Any, module_cfg: Mapping[str, Any], schema: Any) -> None:
+        """Refuse, before any release, ``rounds`` too few for the 1-way marginals: with AIM's σ (Alg. 1, line 3)
+        they cost ``C·(1−f)·ρ/T`` of ρ for C discretised columns, more than ρ when ``T < C·(1−f)``. Data-free:
+        C comes from the public schema (``module_cls.schema_levels``), T and f from the settings.
+
+        Raises:
+            ConfigError: with the smallest ``rounds`` that fits.
+        """
+        rounds, frac = node.get("rounds"), float(node.get("selection_fraction", 0.1))
+        levels = getattr(module_cls, "schema_levels", None)
+        if rounds is None or levels is None:
+            return
+        columns = len(levels(module_cfg, schema))
+        if columns * (1 - frac) > rounds:
+            raise ConfigError(f"model=gem: the {columns} 1-way marginals alone would spend more than the budget with "
+                              f"rounds={rounds}; set model.mechanisms[0].rounds to at least "
+                              f"{math.ceil(columns * (1 - frac))} (null: 16 per column). Nothing was spent.")
+
     # ---------------------------------------------------------------- hooks
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._gen = mech.noise_generator(self._shared_seed(trainer))

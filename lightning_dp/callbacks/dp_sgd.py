@@ -80,6 +80,7 @@ class DPSGD(Callback):
         self._clipper: PerSampleClipper | None = None
         self._released_this_batch = False
         self._no_sync: Any = None
+        self._canaries: Any = None  # audits' gradient canaries (attach_canaries); never set by a config
 
     public_metrics = {
         "dp_sgd/noisy_grad_norm": "norm of the noised, averaged private gradient (the release itself)",
@@ -197,6 +198,8 @@ class DPSGD(Callback):
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self._params]
         for term in self._terms:  # batch-coupled terms: clipped whole, before the noise (batch_terms.py)
             self._add_clipped_term(term, per_sample_loss, grads)
+        if self._canaries is not None:
+            self._add_canaries(grads)
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
             flat = torch.cat([g.reshape(-1) for g in grads])
             dist.all_reduce(flat, op=dist.ReduceOp.SUM)  # the global clipped sum, before the noise
@@ -209,6 +212,9 @@ class DPSGD(Callback):
             sq_norm = sq_norm + noisy.detach().square().sum()
             p.grad = noisy if old is None else noisy + old
         self._noisy_norm = sq_norm.sqrt()
+        if self._canaries is not None:  # the step's release in the sum convention: Σ clip(g_i) + N(0, σ²Δ²)
+            self._canaries.observe(torch.cat([(p.grad if old is None else p.grad - old).detach().reshape(-1)
+                                              for p, old in zip(self._params, before)]) * self._expected_batch)
 
     def _add_clipped_term(self, term: Any, per_sample_loss: Tensor, grads: list[Tensor]) -> None:
         """``grads += clip(L·∇term, C_P)`` over the private parameters (the term's gradient in the sum convention)."""
@@ -221,6 +227,34 @@ class DPSGD(Callback):
         scale = float(torch.clamp(float(term.max_grad_norm) / (norm + 1e-6), max=1.0))
         for g, part in zip(grads, parts):
             g.add_(part, alpha=scale)
+
+    # ------------------------------------------------------------------ audit hook
+    def attach_canaries(self, canaries: Any) -> None:
+        """Insert gradient canaries: the white-box one-run audit (Steinke, Nasr and Jagielski, "Privacy Auditing with
+        One (1) Training Run", 2023, §7, after Nasr et al. 2023's Dirac canaries), used by ``audits.white_box``.
+
+        From the next private step on, ``canaries.draw()`` returns the per-example gradients of the canaries its
+        own Poisson sampling put into this step, shape ``(k, P)`` over the private parameters (flattened in
+        ``parameters()`` order), or None; each is clipped to C like a row's gradient and added to the clipped sum
+        BEFORE the noise, and ``canaries.observe(release)`` then receives the step's release in the sum convention
+        (``Σ clip(g_i) + N(0, σ²Δ²)``, shape ``(P,)``). The canaries receive nothing from the private rows but
+        the release itself, and a data-independent vector added before the noise leaves the release's guarantee
+        for the real rows unchanged. No config attaches canaries: only a caller of ``train(..., callbacks=...)``
+        can. One process only (under DDP every rank would add them).
+        """
+        self._canaries = canaries
+
+    def _add_canaries(self, grads: list[Tensor]) -> None:
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            raise RuntimeError("Gradient canaries are for one process: every DDP rank would add them.")
+        extra = self._canaries.draw()
+        if extra is None or len(extra) == 0:
+            return
+        extra = extra.detach().to(device=grads[0].device, dtype=grads[0].dtype)
+        norms = extra.norm(dim=1, keepdim=True)
+        extra = (extra * torch.clamp(self.max_grad_norm / (norms + 1e-12), max=1.0)).sum(0)  # each clipped to C
+        for g, part in zip(grads, torch.split(extra, [g.numel() for g in grads])):
+            g.add_(part.reshape(g.shape))
 
     # ------------------------------------------------------------------ per batch
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:

@@ -38,11 +38,13 @@ class LabelProportions(Callback):
         if self.ledger.has(self.name):
             return  # released before this resume; class_probs came back with the module's state
         rank, world = trainer.global_rank, trainer.world_size
-        counts = torch.zeros(pl_module.num_classes, dtype=torch.float64)
+        # counted on the module's device: NCCL (multi-GPU DDP) reduces CUDA tensors only
+        counts = torch.zeros(pl_module.num_classes, dtype=torch.float64, device=pl_module.device)
         for _, y in self.datamodule.private_batches(rank=rank, world_size=world):
-            counts += torch.bincount(y, minlength=pl_module.num_classes).double()
+            counts += torch.bincount(y.to(counts.device), minlength=pl_module.num_classes).double()
         if world > 1 and dist.is_initialized():
             dist.all_reduce(counts, op=dist.ReduceOp.SUM)
+        counts = counts.cpu()
         sens = count_sensitivity(adjacency=self.ledger.adjacency)
 
         def planned(s: float) -> list[Release]:

@@ -48,9 +48,9 @@ def _taken(cls: type, layout: dict[str, Any]) -> dict[str, Any]:
 def check_data(model_cfg: Any, schema: Any) -> None:
     """The model's own checks of the (public) schema, before any release: image data is refused for a module class
     with ``tabular_only = True``; ``Module.check_schema(module_cfg, schema)`` where the class has one (``schema`` is
-    None for images), and ``Mechanism.check_settings(node)``
-    for each mechanism class that has one (its settings, which are otherwise checked only when it is built, after
-    the row count's release).
+    None for images), and ``Mechanism.check_settings(node)`` and ``Mechanism.check_plan(node, module_cls, module_cfg,
+    schema)`` for each mechanism class that has them (its settings, which are otherwise checked only when it is
+    built, after the row count's release; its budget plan where the schema fixes it).
 
     Raises:
         ConfigError: the model cannot be trained on this data (the message names the setting and the fix).
@@ -66,9 +66,13 @@ def check_data(model_cfg: Any, schema: Any) -> None:
         check(cfg["module"], schema)
     for i, node in enumerate(cfg.get("mechanisms") or []):
         mechanism_cls = resolve(node["_target_"], expected="mechanism", where=f"model.mechanisms[{i}]")
+        settings = {k: v for k, v in node.items() if k != "_target_"}
         check_settings = getattr(mechanism_cls, "check_settings", None)
         if check_settings is not None:
-            check_settings({k: v for k, v in node.items() if k != "_target_"})
+            check_settings(settings)
+        check_plan = getattr(mechanism_cls, "check_plan", None)
+        if check_plan is not None and schema is not None:
+            check_plan(settings, module_cls, cfg["module"], schema)
 
 
 def minmax_columns(model_cfg: Any, schema: Any) -> list[str]:

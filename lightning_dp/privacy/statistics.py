@@ -32,11 +32,11 @@ def class_feature_sums(
 
 
 def moment_sums(batches: Iterable[Tensor]) -> Tensor:
-    """``[Σx (d) ; Σ||x||² ; n]`` over rows in [0, 1]^d, float64, one pass."""
+    """``[Σx (d) ; Σ||x||² ; n]`` over rows in [0, 1]^d, float64, one pass, on the rows' device."""
     acc = None
     for x in batches:
         x = x.double()
-        part = torch.cat([x.sum(0), x.square().sum().reshape(1), torch.tensor([x.shape[0]], dtype=x.dtype)])
+        part = torch.cat([x.sum(0), x.square().sum().reshape(1), torch.tensor([x.shape[0]], dtype=x.dtype, device=x.device)])
         acc = part if acc is None else acc + part
     if acc is None:
         raise ValueError("The private data set is empty.")

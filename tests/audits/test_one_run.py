@@ -112,3 +112,47 @@ def test_one_run_refuses_an_existing_folder(tmp_path, capsys):
     (tmp_path / "audit" / "one_run.json").write_text("{}")
     assert main(["one-run", "--out", str(tmp_path / "audit"), "data=breast_cancer"]) == 2
     assert "already holds a one-run audit" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("epsilon,caught", [(1000.0, True), (1.0, False)])
+def test_white_box_embedding_attack_on_dp_merf(tmp_path, capsys, monkeypatch, epsilon, caught):
+    # DP-MERF's released embedding read from the checkpoint: with the noise off the linear system gives the bits
+    # (bound well above 1); at ε = 1 the bound stays below 1. The black-box score is reported beside it.
+    monkeypatch.setenv("LIGHTNING_DP_REGISTRY", str(tmp_path / "budget.sqlite"))
+    overrides = [o for o in _tiny_data(tmp_path) if not o.startswith("model")] + [
+        "model=dp_merf", "model.module.num_features=500", "model.module.steps_per_epoch=5",
+        "model.module.batch_size=100", "trainer.max_epochs=1",
+    ]
+    out = tmp_path / "audit"
+    code = main(["one-run", "--canaries", "200", "--out", str(out), *overrides, f"privacy.epsilon={epsilon}"])
+    res = json.loads((out / "one_run.json").read_text())
+    assert set(res["attacks"]) == {"black_box", "embedding"} and code == 0
+    white = res["attacks"]["embedding"]
+    assert white["m"] == 200 and white["confidence"] == pytest.approx(0.975)  # Bonferroni over the two attacks
+    if caught:
+        assert white["epsilon_lower_bound"] > 1.5 and res["attack"] == "embedding"
+    else:
+        assert res["epsilon_lower_bound"] < 1
+    assert "embedding: ε ≥" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("epsilon,caught", [(1000.0, True), (1.0, False)])
+def test_white_box_gradient_canaries_on_dp_gan(tmp_path, capsys, monkeypatch, epsilon, caught):
+    # Dirac gradient canaries through the run's DP-SGD (q = 16/300, 5 epochs): with the noise off their spikes give
+    # the bits away (bound well above 1); at ε = 1 the bound stays below 1. Row canaries are inserted as well.
+    monkeypatch.setenv("LIGHTNING_DP_REGISTRY", str(tmp_path / "budget.sqlite"))
+    overrides = [o for o in _tiny_data(tmp_path) if not o.startswith("model")] + [
+        "model=dp_gan", "data.batch_size=16", "trainer.max_epochs=5", "model.module.batch_size=16",
+        "model.generator.hidden=[32]", "model.discriminator.hidden=[32]",
+    ]
+    out = tmp_path / "audit"
+    code = main(["one-run", "--canaries", "200", "--out", str(out), *overrides, f"privacy.epsilon={epsilon}"])
+    res = json.loads((out / "one_run.json").read_text())
+    assert set(res["attacks"]) == {"black_box", "gradient"} and code == 0
+    grad = res["attacks"]["gradient"]
+    assert grad["m"] == 200 and "spike likelihood ratio" in grad["attack"]
+    if caught:
+        assert grad["epsilon_lower_bound"] > 1.5 and res["attack"] == "gradient"
+    else:
+        assert res["epsilon_lower_bound"] < 1
+    assert "gradient: ε ≥" in capsys.readouterr().out

@@ -91,7 +91,22 @@ def test_bad_settings_are_refused_before_anything_is_released(tmp_path):
         train(make_cfg(tmp_path, *TINY, "model.module.bins=0"))
     with pytest.raises(ConfigError, match="steps_per_round"):
         train(make_cfg(tmp_path, *TINY, "model.mechanisms.0.steps_per_round=0"))
+    # 11 discretised columns: the 1-way marginals cost 11·0.9/T of ρ, more than ρ below T = 10
+    with pytest.raises(ConfigError, match="rounds=9; set model.mechanisms.0..rounds to at least 10"):
+        train(make_cfg(tmp_path, *TINY, "model.mechanisms.0.rounds=9"))
     assert not any(tmp_path.iterdir())
+
+
+def test_the_rounds_plan_matches_the_release_it_guards():
+    import math
+
+    from lightning_dp.privacy import marginals as mg
+
+    for columns, rounds, frac in [(11, 10, 0.1), (15, 14, 0.1), (40, 30, 0.25), (7, 7, 0.05)]:
+        sigma, _ = mg.round_parameters(1.0, rounds, selection_fraction=frac)
+        planned_ok = columns * (1 - frac) <= rounds
+        assert planned_ok == (columns / (2 * sigma**2) <= 1.0 * (1 + 1e-12)), (columns, rounds, frac)
+        assert math.isclose(columns / (2 * sigma**2), columns * (1 - frac) / rounds)
 
 
 @pytest.mark.ddp
