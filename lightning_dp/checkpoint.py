@@ -155,7 +155,8 @@ def data_layout(data_state: dict[str, Any]) -> dict[str, Any]:
 
     enc = TabularEncoder.from_state_dict(data_state)
     return {"n_continuous": enc.n_continuous, "block_sizes": enc.block_sizes, "num_classes": enc.num_classes,
-            "continuous_names": [c.name for c in enc.continuous], "continuous_units": enc.continuous_units}
+            "continuous_names": [c.name for c in enc.continuous], "continuous_units": enc.continuous_units,
+            "continuous_cells": enc.continuous_cells}
 
 
 @dataclass

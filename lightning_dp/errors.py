@@ -37,3 +37,11 @@ def python_command() -> str:
     exe = sys.executable or "python"
     rel = os.path.relpath(exe) if os.path.isabs(exe) else exe
     return rel if not rel.startswith("..") else exe
+
+
+class BudgetExceededError(UserError, RuntimeError):
+    """A release would take the run's spent ε above its target."""
+
+
+class ReleaseNotSavedError(UserError, RuntimeError):
+    """The ledger (or the released value) could not be written to disk, so the release was refused."""

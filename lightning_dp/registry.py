@@ -66,7 +66,7 @@ REGISTRY: dict[str, tuple[str, ...]] = {
 KINDS = tuple(REGISTRY)
 LAYOUT_KEYS = ("n_continuous", "block_sizes", "num_classes")
 # layout facts passed only to the classes that take them (a network or module without the parameter is not given it)
-OPTIONAL_LAYOUT_KEYS = ("continuous_names", "continuous_units")
+OPTIONAL_LAYOUT_KEYS = ("continuous_names", "continuous_units", "continuous_cells")
 NETWORKS = ("generator", "discriminator", "critic", "encoder", "decoder")
 # arguments the run always supplies; a config that sets one is refused (a network may override the layout).
 # A module also gets the networks the model config builds (check_node's ``runtime``).

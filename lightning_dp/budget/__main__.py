@@ -25,7 +25,6 @@ from typing import Any
 
 from lightning_dp.budget.registry import Dataset, Registry, RunRow
 from lightning_dp.errors import EXIT_USER_ERROR, UserError
-from lightning_dp.privacy.ledger import PrivacyLedger
 
 CSV_COLUMNS = ("dataset", "budget_epsilon", "budget_delta", "run_id", "run_status", "run_target_epsilon", "run_delta",
                "run_epsilon_spent", "run_charge_epsilon", "output_dir", "external_of", "release", "mechanism",
@@ -39,21 +38,20 @@ def _status(run: RunRow) -> str:
     return "running" if run.live else "stopped (claim held until resumed or ended)"
 
 
-def dataset_summary(registry: Registry, dataset: Dataset) -> dict[str, Any]:
-    """One data set: budget, what its runs hold and spent, and each run with its releases (ε of each)."""
+def dataset_summary(registry: Registry, dataset: Dataset, *, releases: bool = True) -> dict[str, Any]:
+    """One data set: budget, what its runs hold and spent, and each run with its releases (ε of each; with
+    ``releases=False`` the runs' totals only, which ``list`` prints without loading the accountant)."""
     runs = registry.runs(dataset)
     held = sum(r.charge for r in runs)
     out_runs = []
     for r in runs:
-        view = PrivacyLedger.from_state_dict(r.state).to_dict()
-        releases = [{k: rel[k] for k in ("name", "mechanism", "sensitivity", "noise_multiplier", "epsilon", "sample_rate",
-                                         "delta", "count", "epsilon_alone", "epsilon_cumulative", "first_at", "last_at")}
-                    for rel in view["releases"]]
-        out_runs.append({"run_id": r.run_id, "status": _status(r), "output_dir": r.output_dir,
-                         "target_epsilon": r.target_epsilon, "delta": r.delta, "epsilon_spent": r.epsilon_spent,
-                         "epsilon_committed": r.epsilon_committed, "charge_epsilon": r.charge,
-                         "dp_claim": view["dp_claim"], "external_of": r.external_of, "created_at": r.created_at,
-                         "closed_at": r.closed_at, "releases": releases})
+        run = {"run_id": r.run_id, "status": _status(r), "output_dir": r.output_dir,
+               "target_epsilon": r.target_epsilon, "delta": r.delta, "epsilon_spent": r.epsilon_spent,
+               "epsilon_committed": r.epsilon_committed, "charge_epsilon": r.charge, "external_of": r.external_of,
+               "created_at": r.created_at, "closed_at": r.closed_at}
+        if releases:
+            run.update(_releases(r.state))
+        out_runs.append(run)
     held_delta = sum(r.delta_charge for r in runs)
     return {"dataset": dataset.name, "budget_epsilon": dataset.budget_epsilon, "held_epsilon": held,
             "spent_epsilon": sum(r.epsilon_committed for r in runs), "remaining_epsilon": dataset.budget_epsilon - held,
@@ -62,6 +60,16 @@ def dataset_summary(registry: Registry, dataset: Dataset) -> dict[str, Any]:
             "delta_total": sum(r.delta for r in runs), "versions": registry.versions(dataset),
             "composition": "basic: the data set's ε is the sum of its runs' ε, its δ the sum of their δ",
             "runs": out_runs, "events": registry.events(dataset)}
+
+
+def _releases(state: dict[str, Any]) -> dict[str, Any]:
+    """A run's releases with ε of each, recomputed by the accountant (imported here: it loads torch and Opacus)."""
+    from lightning_dp.privacy.ledger import PrivacyLedger
+
+    view = PrivacyLedger.from_state_dict(state).to_dict()
+    keys = ("name", "mechanism", "sensitivity", "noise_multiplier", "epsilon", "sample_rate", "delta", "count",
+            "epsilon_alone", "epsilon_cumulative", "first_at", "last_at")
+    return {"dp_claim": view["dp_claim"], "releases": [{k: rel[k] for k in keys} for rel in view["releases"]]}
 
 
 def _csv(summaries: list[dict[str, Any]]) -> str:
@@ -87,7 +95,7 @@ def _print_list(registry: Registry) -> None:
           f"rows more than {policy['overlap_threshold']:.0%} a registered data set's are charged to it")
     print(f"{'data set':<28} {'budget ε':>9} {'held ε':>9} {'spent ε':>9} {'left ε':>9} {'budget δ':>9} {'held δ':>9}  runs")
     for ds in registry.datasets():
-        s = dataset_summary(registry, ds)
+        s = dataset_summary(registry, ds, releases=False)
         running = sum(1 for r in s["runs"] if r["status"] != "ended")
         print(f"{ds.name:<28} {ds.budget_epsilon:>9.4g} {s['held_epsilon']:>9.4g} {s['spent_epsilon']:>9.4g} "
               f"{s['remaining_epsilon']:>9.4g} {ds.budget_delta:>9.3g} {s['held_delta']:>9.3g}  {len(s['runs'])} "

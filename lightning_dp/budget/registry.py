@@ -42,7 +42,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from sqlalchemy import Connection, Engine, create_engine, event, exc, func, insert, select, text, update
@@ -50,8 +50,10 @@ from sqlalchemy.engine import make_url
 
 from lightning_dp.budget import sketch as sk
 from lightning_dp.budget import tables as t
-from lightning_dp.errors import UserError
-from lightning_dp.privacy.ledger import BudgetExceededError, PrivacyLedger
+from lightning_dp.errors import BudgetExceededError, UserError
+
+if TYPE_CHECKING:  # the ledger imports torch and Opacus: `python -m lightning_dp.budget list` needs neither
+    from lightning_dp.privacy.ledger import PrivacyLedger
 
 log = logging.getLogger(__name__)
 
@@ -820,6 +822,8 @@ class Registry:
         """The registry never goes back: ``new`` must hold every release of ``old``, counts no smaller."""
         if _total(new) < _total(old):
             raise RegistryError(f"Run {run_id}: the new ledger state holds fewer releases than the registry's.")
+        from lightning_dp.privacy.ledger import PrivacyLedger
+
         try:
             PrivacyLedger.most_advanced([("the budget registry", old), ("the run", new)])
         except ValueError as err:

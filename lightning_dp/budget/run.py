@@ -20,7 +20,7 @@ import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -36,7 +36,9 @@ from lightning_dp.budget.registry import (
     RegistryError,
     resolve_url,
 )
-from lightning_dp.privacy.ledger import PrivacyLedger
+
+if TYPE_CHECKING:  # annotations only: the ledger imports torch and Opacus
+    from lightning_dp.privacy.ledger import PrivacyLedger
 
 log = logging.getLogger(__name__)
 

@@ -285,7 +285,7 @@ class PrivateDataModule(LightningDataModule):
             return image_layout(self.image_shape, self.classes)
         return {"n_continuous": self.encoder.n_continuous, "block_sizes": self.encoder.block_sizes,
                 "num_classes": self.encoder.num_classes, "continuous_names": [c.name for c in self.encoder.continuous],
-                "continuous_units": self.encoder.continuous_units}
+                "continuous_units": self.encoder.continuous_units, "continuous_cells": self.encoder.continuous_cells}
 
     def decode(self, x: Tensor, y: Tensor) -> pd.DataFrame | dict[str, np.ndarray]:
         """Model-space samples → the user's columns (tabular) or ``{"images", "labels"}`` (images)."""

@@ -117,6 +117,12 @@ class TabularEncoder:
                 for c in self.continuous]
 
     @property
+    def continuous_cells(self) -> list[bool]:
+        """Per continuous column, whether it is a cells column: its model-space number is the position inside the
+        cell that its block holds (``representation.py``), not the value."""
+        return [c.name in self.cells for c in self.continuous]
+
+    @property
     def block_sizes(self) -> list[int]:
         return [b.size for b in self.blocks]
 

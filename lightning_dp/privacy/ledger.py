@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from lightning_dp.errors import UserError
+from lightning_dp.errors import BudgetExceededError, ReleaseNotSavedError, UserError  # noqa: F401 (re-exported)
 from lightning_dp.io import atomic_write_text
 from lightning_dp.privacy import mechanisms as mech
 
@@ -33,14 +33,6 @@ MECHANISMS = ("gaussian", "subsampled_gaussian", "laplace", "exponential", "rdp_
 ADJACENCIES = ("add_remove", "replace_one")
 ACCOUNTANTS = ("rdp", "prv")
 PRV_MAX_POINTS = 2**20  # cap on Opacus' PRV grid (see PrivacyLedger._prv_epsilon)
-
-
-class BudgetExceededError(UserError, RuntimeError):
-    """A release would take the run's spent ε above its target."""
-
-
-class ReleaseNotSavedError(UserError, RuntimeError):
-    """The ledger (or the released value) could not be written to disk, so the release was refused."""
 
 
 def _now() -> str:

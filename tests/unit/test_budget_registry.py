@@ -340,3 +340,25 @@ def test_a_schema_1_registry_is_migrated_in_place(url):
     _, raised = reg.set_budget("old", 4.0, reason="after the upgrade", delta=1e-4)
     assert (raised.budget_epsilon, raised.budget_delta) == (4.0, 1e-4) and reg.datasets() == [raised]
     assert _version(reg, ROWS) == raised  # its rows now get a sketch
+
+
+def test_budget_list_does_not_load_torch(tmp_path):
+    """`python -m lightning_dp.budget list` reads the database only: it starts in about a second, not the 11-17 s of
+    importing torch and Opacus (the accountant is loaded by `show` and `export`, which recompute each release's ε)."""
+    import subprocess
+    import sys
+
+    url = f"sqlite:///{tmp_path / 'budget.sqlite'}"
+    reg = Registry(url)
+    ds = reg.dataset_for(reg.fingerprint(ROWS, kind="tabular"), name="clinic", budget=3.0)
+    ledger = _ledger(1.0)
+    _spend(ledger, 5.0)
+    reg.record(reg.open_run(run_id="r", dataset=ds, ledger=ledger, output_dir=tmp_path / "r"), ledger)
+    code = ("import runpy, sys; sys.argv = ['budget', '--registry', sys.argv[1], 'list']\n"
+            "try:\n    runpy.run_module('lightning_dp.budget', run_name='__main__')\n"
+            "except SystemExit as e:\n    assert not e.code, e.code\n"
+            "print('torch' in sys.modules, 'opacus' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code, url], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.strip().splitlines()
+    assert lines[-1] == "False False" and any(line.startswith("clinic") for line in lines)

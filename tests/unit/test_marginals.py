@@ -123,6 +123,29 @@ def test_discretisation_levels_codes_and_values():
     assert disc.codes(values, torch.tensor([1, 0, 1]), [], 1)[:, :3].equal(codes[:, :3])
 
 
+def test_a_cells_column_is_modelled_by_its_cell_block_not_its_position():
+    # column 0: cells (its position is not a level; its 4 cells are the first block), column 1: exact integers
+    disc = Discretisation.of(n_continuous=2, block_sizes=[4, 3], num_classes=2, continuous_units=[0.0, 0.25],
+                             bins=8, continuous_cells=[True, False])
+    assert disc.levels == (5, 4, 3, 2) and disc.n_modelled == 1 and disc.cells == (True, False)
+    x = torch.tensor([[0.9, 0.5, 0, 0, 1, 0, 0, 1, 0], [0.1, 1.0, 1, 0, 0, 0, 1, 0, 0]])
+    codes = disc.codes(x, torch.tensor([1, 0]), [4, 3], 2)
+    assert codes.tolist() == [[2, 2, 1, 1], [4, 0, 0, 0]]  # the position (0.9, 0.1) is no part of a code
+    torch.manual_seed(0)
+    values = disc.values(codes[:, :1].repeat(500, 1))
+    assert values.shape == (1000, 2) and values[:, 1].tolist() == [0.5, 1.0] * 500
+    assert values[:, 0].min() >= 0 and values[:, 0].max() < 1 and abs(values[:, 0].mean() - 0.5) < 0.05  # uniform
+    assert Discretisation.of(n_continuous=1, block_sizes=[], num_classes=2, continuous_units=[0.25],
+                             bins=8).cells == ()  # no cells: as before
+    gem = GEM(ProductGenerator(level_sizes=disc.levels, latent_dim=4, hidden=[8]), n_continuous=2,
+              block_sizes=[4, 3], num_classes=2, continuous_units=[0.0, 0.25], continuous_cells=[True, False], bins=8)
+    gem.num_rows.fill_(10.0)
+    gem.add_measurement((1,), torch.tensor([0.0, 0, 10, 0]), 1.0)  # every row in cell 2
+    gem.start_from_one_way()
+    x, _ = gem.sample(50, seed=0)
+    assert x.shape == (50, 9) and (x[:, 2:6].argmax(1) == 2).float().mean() > 0.9  # the cell block is sampled
+
+
 def test_gem_starts_uniform_and_samples_rows_in_model_space():
     disc = Discretisation.of(n_continuous=1, block_sizes=[3], num_classes=2, continuous_units=[0.25], bins=8)
     module = GEM(ProductGenerator(level_sizes=disc.levels, latent_dim=4, hidden=[8]), n_continuous=1,
@@ -170,11 +193,17 @@ def test_the_gram_loss_is_the_sum_over_measured_cliques():
     loss = module.training_step(None, 0)
     torch.manual_seed(3)
     probs = module.level_probs(16)
-    expected = sum(0.5 * precision * 50.0**2 * (mg.product_marginal(probs, c) - y / 50.0).square().sum()
+    squared = [p.square() for p in probs]
+    expected = sum(0.5 * precision * 50.0**2 * ((16 * mg.product_marginal(probs, c).square()
+                                                 - mg.product_marginal(squared, c)) / 15
+                                                - 2 * y / 50.0 * mg.product_marginal(probs, c) + (y / 50.0).square()).sum()
                    for c, y, precision in module.pooled())
     assert float(loss) == pytest.approx(float(expected), rel=1e-4)
     answers = module.answers([(1, 3), (0, 2, 3)], draws=64)
     assert [a.numel() for a in answers] == [6, 20] and float(answers[0].sum()) == pytest.approx(50.0)
+    pair, triple = module.answers([(0, 2), (0, 2, 3)], draws=50, chunk=7)  # the same 50 draws, 7 at a time
+    assert float(pair.sum()) == pytest.approx(50.0) and float(triple.sum()) == pytest.approx(50.0)
+    assert torch.allclose(triple.view(5, 2, 2).sum(2).flatten(), pair)
 
 
 def test_the_fit_starts_from_the_released_one_way_proportions():
@@ -188,3 +217,25 @@ def test_the_fit_starts_from_the_released_one_way_proportions():
     first, label = module.level_probs(3)
     assert torch.allclose(label, torch.tensor([0.75, 0.25]).expand(3, 2), atol=1e-6)
     assert torch.allclose(first[0], torch.tensor([0.5, 0.3, 0.001]) / 0.801, atol=1e-6)
+
+
+def test_the_step_loss_is_unbiased_for_the_mixtures_loss():
+    # the square of a B-draw average overestimates the square of the mixture's marginal by its variance, a pull
+    # towards identical components (independent columns); the U-statistic has no such bias
+    from lightning_dp.models.gem import unbiased_square_loss
+
+    torch.manual_seed(0)
+    gen = ProductGenerator(level_sizes=[3, 2], latent_dim=4, hidden=[8])
+    torch.nn.init.normal_(gen.out.weight, std=3.0)  # components far apart: a large variance
+    with torch.no_grad():
+        first, second = gen(torch.randn(400_000, 4))
+        truth = (first.T @ second / len(first)).double()  # the mixture's 2-way marginal (its exact loss: 0)
+        a, b = gen(torch.randn(20_000 * 4, 4))
+        draws = (a[:, :, None] * b[:, None, :]).double().view(20_000, 4, 3, 2)  # 20,000 steps of B = 4 draws
+        mean, mean_sq = draws.mean(1), draws.square().mean(1)
+        unbiased = unbiased_square_loss(mean, mean_sq, truth, 4).sum((1, 2))
+        plain = (mean - truth).square().sum((1, 2))
+    assert abs(float(unbiased.mean())) < 4 * float(unbiased.std()) / 20_000**0.5 + 1e-4
+    assert float(plain.mean()) > 10 * abs(float(unbiased.mean())) and float(plain.mean()) > 1e-3
+    with pytest.raises(ConfigError, match="batch_size"):
+        GEM.check_schema({"batch_size": 1}, None)
