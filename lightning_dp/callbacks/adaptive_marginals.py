@@ -74,14 +74,15 @@ class AdaptiveMarginals(Callback):
         final_steps: training steps after the last round.
         final_lr_fraction: the learning rate at the end of the final fit, a fraction of the module's ``lr``.
         anneal: ``gap`` or ``movement`` (AIM's literal test), see above.
-        answer_draws: latent draws for the model's answers to every workload marginal before a selection.
+        answer_draws: latent draws for the model's answers to every workload marginal before a selection (their
+            Monte-Carlo error enters the score: ``GEM.answers``).
         chunk_size: rows per streamed chunk of the count pass.
         noise_seed: fix the noise (tests only); default OS entropy.
     """
 
     def __init__(self, *, ledger: PrivacyLedger, datamodule: Any, rounds: int | None = None,
                  selection_fraction: float = 0.1, steps_per_round: int = 50, final_steps: int = 2000,
-                 final_lr_fraction: float = 0.05, anneal: str = "gap", answer_draws: int = 4096,
+                 final_lr_fraction: float = 0.05, anneal: str = "gap", answer_draws: int = 65536,
                  chunk_size: int = 65536, noise_seed: int | None = None) -> None:
         self.check_settings({"rounds": rounds, "selection_fraction": selection_fraction,
                              "steps_per_round": steps_per_round, "final_steps": final_steps, "chunk_size": chunk_size,

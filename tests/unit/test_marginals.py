@@ -201,6 +201,9 @@ def test_the_gram_loss_is_the_sum_over_measured_cliques():
     assert float(loss) == pytest.approx(float(expected), rel=1e-4)
     answers = module.answers([(1, 3), (0, 2, 3)], draws=64)
     assert [a.numel() for a in answers] == [6, 20] and float(answers[0].sum()) == pytest.approx(50.0)
+    pair, triple = module.answers([(0, 2), (0, 2, 3)], draws=50, chunk=7)  # the same 50 draws, 7 at a time
+    assert float(pair.sum()) == pytest.approx(50.0) and float(triple.sum()) == pytest.approx(50.0)
+    assert torch.allclose(triple.view(5, 2, 2).sum(2).flatten(), pair)
 
 
 def test_the_fit_starts_from_the_released_one_way_proportions():
