@@ -153,10 +153,7 @@ def data_layout(data_state: dict[str, Any]) -> dict[str, Any]:
                 "num_classes": len(data_state["classes"])}
     from lightning_dp.data.encoders import TabularEncoder
 
-    enc = TabularEncoder.from_state_dict(data_state)
-    return {"n_continuous": enc.n_continuous, "block_sizes": enc.block_sizes, "num_classes": enc.num_classes,
-            "continuous_names": [c.name for c in enc.continuous], "continuous_units": enc.continuous_units,
-            "continuous_cells": enc.continuous_cells}
+    return TabularEncoder.from_state_dict(data_state).layout
 
 
 @dataclass

@@ -155,10 +155,7 @@ def schema_layout(schema: object, representation: str = "minmax",
     keep = tuple(minmax_columns)
     if representation == "cells":
         keep += tuple(c.name for c in needs_cells(schema, keep))
-    enc = TabularEncoder(schema, representation=representation, minmax_columns=keep)
-    return {"n_continuous": enc.n_continuous, "block_sizes": enc.block_sizes, "num_classes": enc.num_classes,
-            "continuous_names": [c.name for c in enc.continuous], "continuous_units": enc.continuous_units,
-            "continuous_cells": enc.continuous_cells}
+    return TabularEncoder(schema, representation=representation, minmax_columns=keep).layout
 
 
 def run_layout(cfg: DictConfig, schema: object) -> dict[str, object] | None:

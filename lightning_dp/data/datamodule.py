@@ -283,9 +283,7 @@ class PrivateDataModule(LightningDataModule):
         """What a model needs to know about model space (all public)."""
         if self.kind == "image":
             return image_layout(self.image_shape, self.classes)
-        return {"n_continuous": self.encoder.n_continuous, "block_sizes": self.encoder.block_sizes,
-                "num_classes": self.encoder.num_classes, "continuous_names": [c.name for c in self.encoder.continuous],
-                "continuous_units": self.encoder.continuous_units, "continuous_cells": self.encoder.continuous_cells}
+        return self.encoder.layout
 
     def decode(self, x: Tensor, y: Tensor) -> pd.DataFrame | dict[str, np.ndarray]:
         """Model-space samples → the user's columns (tabular) or ``{"images", "labels"}`` (images)."""

@@ -123,6 +123,14 @@ class TabularEncoder:
         return [c.name in self.cells for c in self.continuous]
 
     @property
+    def layout(self) -> dict[str, Any]:
+        """What a model needs to know about model space (all public): the run's, the checkpoint's and the
+        pre-release check's layout of a table."""
+        return {"n_continuous": self.n_continuous, "block_sizes": self.block_sizes, "num_classes": self.num_classes,
+                "continuous_names": [c.name for c in self.continuous], "continuous_units": self.continuous_units,
+                "continuous_cells": self.continuous_cells}
+
+    @property
     def block_sizes(self) -> list[int]:
         return [b.size for b in self.blocks]
 
