@@ -44,6 +44,7 @@ sys.path.insert(0, str(ROOT))
 
 from audits.fidelity import column_distances  # noqa: E402
 from audits.utility import PRESETS, tstr  # noqa: E402
+from bench.peers import as_categories  # noqa: E402
 from bench.reproduce import compose_cfg, load_tables, markdown_table, real_data, write_results  # noqa: E402
 from lightning_dp.data.schema import Schema  # noqa: E402
 from lightning_dp.data.sources import bundled_schema  # noqa: E402
@@ -74,9 +75,9 @@ def public_codes(frame: pd.DataFrame, schema: Schema, n_bins: int = 10) -> dict[
     codes = {}
     for c in schema.columns:
         s = frame[c.name]
-        if c.type == "categorical":
-            levels = [*c.categories]
-            keys = s.astype(str).where(s.notna(), "<missing>")
+        if c.type == "categorical":  # a CSV read back may hold 0 / 0.0 for the schema's "0" (Cervical)
+            levels = [str(v) for v in c.categories]
+            keys = as_categories(s, levels)  # missing: NaN, which joins unknown values in the last code
             codes[c.name] = keys.map({v: i for i, v in enumerate(levels)}).fillna(len(levels)).to_numpy(int)
             continue
         v = pd.to_numeric(s, errors="coerce").to_numpy(float)
