@@ -52,9 +52,9 @@ from lightning_dp.data.sources import bundled_schema  # noqa: E402
 TARGETS = {"dp_merf_adult": (0.712, 0.830), "pearl_adult": (0.720, 0.834)}
 # name -> (label, overrides, privacy): the experiment configs, and the other tabular generators at their model
 # config's defaults on Adult (one seed each is enough for the before/after; MMD-GAN-AE at the 10 epochs of
-# the mmd_gan_ae_ehr table). Support points and the perturbed histogram keep every continuous column min-max (their
-# own bins / MCMC on [0, 1]^D) and GEM sets representation=minmax itself, so cells change nothing for them and they
-# are not listed.
+# the mmd_gan_ae_ehr table; GEM with its experiment config). Support points and the perturbed histogram keep every
+# continuous column min-max (their ``minmax_columns``: their own bins / MCMC on [0, 1]^D), so cells change nothing
+# for them and they are not listed.
 RUNS: dict[str, tuple[str, list[str], str]] = {
     "dp_merf_adult": ("DP-MERF", ["experiment=dp_merf_adult"], "(1, 1e-5)"),
     "pearl_adult": ("PEARL", ["experiment=pearl_adult"], "(1, 1e-5)"),
@@ -65,6 +65,7 @@ RUNS: dict[str, tuple[str, list[str], str]] = {
     "iw_gmmn_adult": ("IW-GMMN", ["model=iw_gmmn", "data=adult"], "none"),
     "iw_mmd_gan_adult": ("IW-MMD-GAN", ["model=iw_mmd_gan", "data=adult"], "none"),
     "mmd_gan_ae_adult": ("MMD-GAN-AE", ["model=mmd_gan_ae", "data=adult", "trainer.max_epochs=10"], "none"),
+    "gem_adult": ("GEM", ["experiment=gem_adult"], "(1, 1e-5)"),
 }
 NAMES = {k: v[0] for k, v in RUNS.items()}
 ZERO_COLUMN = "capital-gain"
