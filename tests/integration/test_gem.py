@@ -15,7 +15,8 @@ from tests.conftest import make_cfg
 
 TINY = ("model=gem", "data=diabetes", "privacy.noise_seed=0", "model.module.bins=4", "model.module.batch_size=64",
         "model.module.steps_per_epoch=40", "model.generator.hidden=[16]", "model.mechanisms.0.rounds=40",
-        "model.mechanisms.0.steps_per_round=2", "model.mechanisms.0.final_steps=3")
+        "model.mechanisms.0.steps_per_round=2", "model.mechanisms.0.final_steps=3",
+        "model.mechanisms.0.answer_draws=2048")
 
 
 def names(result: dict) -> list[str]:
@@ -165,7 +166,7 @@ def test_private_tuning_selects_among_gem_candidates(tmp_path, single_thread):
     cfg = make_cfg(tmp_path, "model=gem", "data=breast_cancer", "tune=default", "model.module.batch_size=64",
                    "model.module.steps_per_epoch=40", "model.generator.hidden=[16]", "model.mechanisms.0.rounds=64",
                    "model.mechanisms.0.steps_per_round=2", "model.mechanisms.0.final_steps=3",
-                   "tune.space.gem={model.module.bins:[3,4]}")
+                   "model.mechanisms.0.answer_draws=2048", "tune.space.gem={model.module.bins:[3,4]}")
     result = train(cfg)
     assert names(result) == ["tuning/selection"] and result["epsilon"] == pytest.approx(1.0, rel=1e-3)
     assert load_run(result["checkpoint"]).model.hparams.bins in (3, 4)
