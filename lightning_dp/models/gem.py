@@ -274,15 +274,24 @@ class GEM(GeneratorModule):
     @torch.no_grad()
     def start_from_one_way(self) -> None:
         """Start every column at its released 1-way proportions (clipped at 1e-3): the output layer's bias is their
-        log, its weights stay 0, so the fit begins at the independent model of the 1-way measurements."""
+        log, its weights stay 0, so the fit begins at the independent model of the 1-way measurements. A column
+        without a 1-way measurement takes the first released pair that holds it, summed over the other column."""
         out = getattr(self.generator, "out", None)
         if not isinstance(out, nn.Linear):
             return
-        o = self.offsets
+        o, levels = self.offsets, self.levels
+        one_way: dict[int, Tensor] = {}
         for clique, y, _ in self.pooled():
             if len(clique) == 1:
-                p = (y / float(self.num_rows)).clamp_min(1e-3)
-                out.bias[o[clique[0]] : o[clique[0] + 1]] = (p / p.sum()).log().to(out.bias)
+                one_way[clique[0]] = y
+        for clique, y, _ in self.pooled():
+            if len(clique) == 2:
+                table = y.view(levels[clique[0]], levels[clique[1]])  # (k_a, k_b)
+                one_way.setdefault(clique[0], table.sum(1))
+                one_way.setdefault(clique[1], table.sum(0))
+        for c, y in one_way.items():
+            p = (y / float(self.num_rows)).clamp_min(1e-3)
+            out.bias[o[c] : o[c + 1]] = (p / p.sum()).log().to(out.bias)
 
     def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any, **kwargs: Any) -> None:
         """The measurements' sizes are known only after the releases: take the saved ones before loading them."""

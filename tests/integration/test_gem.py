@@ -93,6 +93,27 @@ def test_the_label_pairs_are_measured_in_the_first_release_at_their_budget_share
     assert not (tmp_path / "refused").exists() or not any((tmp_path / "refused").iterdir())
 
 
+def test_the_label_pairs_can_replace_the_one_way_marginals(tmp_path, single_thread):
+    """one_way=false: the first block is the label pairs alone (they hold every 1-way marginal); refused, before
+    anything is spent, on a data set without a label."""
+    result = train(make_cfg(tmp_path, "model=gem", "data=breast_cancer", "privacy.noise_seed=0", "model.module.bins=3",
+                            "model.module.batch_size=64", "model.module.steps_per_epoch=40",
+                            "model.generator.hidden=[16]", "model.mechanisms.0.rounds=64",
+                            "model.mechanisms.0.steps_per_round=2", "model.mechanisms.0.final_steps=3",
+                            "model.mechanisms.0.target_pairs_fraction=0.3", "model.mechanisms.0.one_way=false",
+                            "model.mechanisms.0.answer_draws=1024"))
+    ledger = json.loads(Path(result["ledger"]).read_text())
+    assert names(result)[:3] == ["data/num_rows", "gem/target_pairs", "gem/round_0001/select"]
+    assert ledger["epsilon"] <= 1.0 and ledger["epsilon"] == pytest.approx(1.0, rel=1e-3)
+    model = load_run(result["checkpoint"]).model
+    label = len(model.levels) - 1
+    assert [c for c, _, _ in model.measured()][:label] == [(c, label) for c in range(label)]
+    with pytest.raises(ConfigError, match="no label; set model.mechanisms.0..one_way=true"):
+        train(make_cfg(tmp_path / "refused", *TINY, "model.mechanisms.0.target_pairs_fraction=0.3",
+                       "model.mechanisms.0.one_way=false"))
+    assert not (tmp_path / "refused").exists() or not any((tmp_path / "refused").iterdir())
+
+
 def test_a_run_killed_between_rounds_resumes_without_releasing_again(tmp_path, single_thread):
     real_step = GEM.training_step
 
