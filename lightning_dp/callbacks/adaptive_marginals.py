@@ -125,19 +125,22 @@ class AdaptiveMarginals(Callback):
                               f"{node.get('anneal')!r}.")
 
     @staticmethod
-    def check_plan(node: Mapping[str, Any], module_cls: Any, module_cfg: Mapping[str, Any], schema: Any) -> None:
+    def check_plan(node: Mapping[str, Any], module_cls: Any, module_cfg: Mapping[str, Any], schema: Any, *,
+                   data: Mapping[str, Any] | None = None) -> None:
         """Refuse, before any release, ``rounds`` too few for the 1-way marginals: with AIM's σ (Alg. 1, line 3)
         they cost ``C·(1−f)·ρ/T`` of ρ for C discretised columns, more than ρ when ``T < C·(1−f)``. Data-free:
-        C comes from the public schema (``module_cls.schema_levels``), T and f from the settings.
+        C comes from the public schema and the run's ``data`` settings (``module_cls.possible_levels``), T and f
+        from the settings. Where the releases decide C, the fewest columns they can leave are used, so a plan that
+        can work is never refused here (the 1-way release checks the run's own C again).
 
         Raises:
             ConfigError: with the smallest ``rounds`` that fits.
         """
         rounds, frac = node.get("rounds"), float(node.get("selection_fraction", 0.1))
-        levels = getattr(module_cls, "schema_levels", None)
+        levels = getattr(module_cls, "possible_levels", None)
         if rounds is None or levels is None:
             return
-        columns = len(levels(module_cfg, schema))
+        columns = min(len(layout) for layout in levels(module_cfg, schema, data))
         if columns * (1 - frac) > rounds:
             raise ConfigError(f"model=gem: the {columns} 1-way marginals alone would spend more than the budget with "
                               f"rounds={rounds}; set model.mechanisms[0].rounds to at least "
