@@ -15,7 +15,8 @@ from tests.conftest import make_cfg, shared
 
 TINY = ("model=gem", "data=diabetes", "privacy.noise_seed=0", "model.module.bins=4", "model.module.batch_size=64",
         "model.module.steps_per_epoch=40", "model.generator.hidden=[16]", "model.mechanisms.0.rounds=40",
-        "model.mechanisms.0.steps_per_round=2", "model.mechanisms.0.final_steps=3")
+        "model.mechanisms.0.steps_per_round=2", "model.mechanisms.0.final_steps=3",
+        "model.mechanisms.0.answer_draws=2048")
 
 
 def names(result: dict) -> list[str]:
@@ -60,6 +61,36 @@ def test_replace_one_doubles_the_squared_sensitivities(tmp_path, single_thread):
     assert releases["gem/one_way"]["sensitivity"] == pytest.approx(22**0.5)
     assert releases["gem/round_0001/select"]["sensitivity"] == 2.0
     assert releases["gem/round_0001/measure"]["sensitivity"] == pytest.approx(2**0.5)
+
+
+def test_the_label_pairs_are_measured_in_the_first_release_at_their_budget_share(tmp_path, single_thread):
+    """target_pairs_fraction f_L: every (column, label) 2-way marginal, one Gaussian release in the first block,
+    zCDP f_L·ρ against the 1-way marginals' C(1−f)ρ/T; then the rounds."""
+    result = train(make_cfg(tmp_path, "model=gem", "data=breast_cancer", "privacy.noise_seed=0", "model.module.bins=3",
+                            "model.module.batch_size=64", "model.module.steps_per_epoch=40",
+                            "model.generator.hidden=[16]", "model.mechanisms.0.rounds=64",
+                            "model.mechanisms.0.steps_per_round=2", "model.mechanisms.0.final_steps=3",
+                            "model.mechanisms.0.target_pairs_fraction=0.25", "model.mechanisms.0.answer_draws=1024"))
+    ledger = json.loads(Path(result["ledger"]).read_text())
+    assert names(result)[:4] == ["data/num_rows", "gem/one_way", "gem/target_pairs", "gem/round_0001/select"]
+    one_way, pairs = ledger["releases"][1], ledger["releases"][2]
+    columns = round(one_way["sensitivity"] ** 2)  # √C
+    assert pairs["mechanism"] == "gaussian" and pairs["sensitivity"] == pytest.approx((columns - 1) ** 0.5)
+    # zCDP 1/(2·multiplier²) each: the pairs' share f_L·ρ against the 1-way marginals' C(1−f)ρ/T
+    ratio = (one_way["noise_multiplier"] / pairs["noise_multiplier"]) ** 2
+    assert ratio == pytest.approx(0.25 * 64 / (columns * 0.9), rel=1e-9)
+    assert ledger["epsilon"] <= 1.0 and ledger["epsilon"] == pytest.approx(1.0, rel=1e-3)
+    model = load_run(result["checkpoint"]).model
+    label = len(model.levels) - 1
+    measured = [c for c, _, _ in model.measured()]
+    assert measured[:columns] == [(c,) for c in range(columns)]
+    assert measured[columns : 2 * columns - 1] == [(c, label) for c in range(label)]
+    assert len(measured) == 2 * columns - 1 + int(model.rounds) and bool(model.finished)
+    # a first release that would leave the rounds no budget is refused before anything is spent
+    with pytest.raises(ConfigError, match="rounds=30 and target_pairs_fraction=0.2; .* at least 35"):
+        train(make_cfg(tmp_path / "refused", "model=gem", "data=breast_cancer", "model.module.bins=3",
+                       "model.mechanisms.0.rounds=30", "model.mechanisms.0.target_pairs_fraction=0.2"))
+    assert not (tmp_path / "refused").exists() or not any((tmp_path / "refused").iterdir())
 
 
 def test_a_run_killed_between_rounds_resumes_without_releasing_again(tmp_path, single_thread):
@@ -150,7 +181,7 @@ def test_private_tuning_selects_among_gem_candidates(tmp_path, single_thread):
     cfg = make_cfg(tmp_path, "model=gem", "data=breast_cancer", "tune=default", "model.module.batch_size=64",
                    "model.module.steps_per_epoch=40", "model.generator.hidden=[16]", "model.mechanisms.0.rounds=64",
                    "model.mechanisms.0.steps_per_round=2", "model.mechanisms.0.final_steps=3",
-                   "tune.space.gem={model.module.bins:[3,4]}")
+                   "model.mechanisms.0.answer_draws=2048", "tune.space.gem={model.module.bins:[3,4]}")
     result = train(cfg)
     assert names(result) == ["tuning/selection"] and result["epsilon"] == pytest.approx(1.0, rel=1e-3)
     assert load_run(result["checkpoint"]).model.hparams.bins in (3, 4)
