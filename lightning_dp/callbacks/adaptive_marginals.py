@@ -150,28 +150,28 @@ class AdaptiveMarginals(Callback):
                               f"{node.get('anneal')!r}.")
 
     @staticmethod
-    def check_plan(node: Mapping[str, Any], module_cls: Any, module_cfg: Mapping[str, Any], schema: Any) -> None:
+    def check_plan(node: Mapping[str, Any], module_cls: Any, module_cfg: Mapping[str, Any], schema: Any, *,
+                   data: Mapping[str, Any] | None = None) -> None:
         """Refuse, before any release, a first release that would leave no budget for the rounds: with AIM's σ
         (Alg. 1, line 3) the 1-way marginals cost ``C·(1−f)·ρ/T`` of ρ for C discretised columns, and the label
         pairs ``f_L·ρ`` where the data has a label; together they must stay below ρ. Data-free: C comes from the
-        public schema (``module_cls.schema_levels``), T, f and f_L from the settings.
+        public schema and the run's ``data`` settings (``module_cls.possible_levels``), T, f and f_L from the
+        settings. Where the releases decide C, the fewest columns they can leave are used, so a plan that can work
+        is never refused here (the 1-way release checks the run's own C again).
 
         Raises:
             ConfigError: with the smallest ``rounds`` that fits.
         """
-        rounds, frac = node.get("rounds"), float(node.get("selection_fraction", 0.1))
-        levels = getattr(module_cls, "schema_levels", None)
-        if rounds is None or levels is None:
-            return
-        columns = len(levels(module_cfg, schema))
         labelled = getattr(schema, "label", None) is not None
-        pairs = float(node.get("target_pairs_fraction", 0.0)) if labelled else 0.0
-        if not node.get("one_way", True):
-            if not labelled:
-                raise ConfigError("model=gem: one_way=false measures the label pairs in place of the 1-way marginals, "
-                                  "and this data set has no label; set model.mechanisms[0].one_way=true. Nothing was "
-                                  "spent.")
+        if not node.get("one_way", True) and not labelled:
+            raise ConfigError("model=gem: one_way=false measures the label pairs in place of the 1-way marginals, and "
+                              "this data set has no label; set model.mechanisms[0].one_way=true. Nothing was spent.")
+        rounds, frac = node.get("rounds"), float(node.get("selection_fraction", 0.1))
+        levels = getattr(module_cls, "possible_levels", None)
+        if rounds is None or levels is None or not node.get("one_way", True):
             return
+        columns = min(len(layout) for layout in levels(module_cfg, schema, data))
+        pairs = float(node.get("target_pairs_fraction", 0.0)) if labelled else 0.0
         if columns * (1 - frac) > rounds * (1 - pairs):
             extra = f" and target_pairs_fraction={pairs:g}" if pairs else ""
             raise ConfigError(f"model=gem: the {columns} 1-way marginals alone would spend more than the budget with "

@@ -11,7 +11,7 @@ from lightning_dp.checkpoint import load_run
 from lightning_dp.errors import ConfigError
 from lightning_dp.models.gem import GEM
 from lightning_dp.train import train
-from tests.conftest import make_cfg
+from tests.conftest import make_cfg, shared
 
 TINY = ("model=gem", "data=diabetes", "privacy.noise_seed=0", "model.module.bins=4", "model.module.batch_size=64",
         "model.module.steps_per_epoch=40", "model.generator.hidden=[16]", "model.mechanisms.0.rounds=40",
@@ -147,6 +147,21 @@ def test_bad_settings_are_refused_before_anything_is_released(tmp_path):
     with pytest.raises(ConfigError, match="rounds=9; set model.mechanisms.0..rounds to at least 10"):
         train(make_cfg(tmp_path, *TINY, "model.mechanisms.0.rounds=9"))
     assert not any(tmp_path.iterdir())
+
+
+def test_a_plan_the_release_can_afford_is_not_refused_before_it(tmp_path, single_thread):
+    """Cervical: 26 continuous columns with missing values. Under cells a column and its missing value are one
+    discretised column (36 in all, if its rows allow the cells release); its ~700 rows are too few for that release
+    and 12 columns stay min-max beside their missing indicators (41). The old pre-release count (46: an indicator
+    beside every column with missing values) refused rounds=37, which the run's own count affords (41·0.9 ≤ 37)."""
+    shared("cervical")
+    result = train(make_cfg(tmp_path, *TINY, "data=cervical", "model.mechanisms.0.rounds=37",
+                            "model.mechanisms.0.answer_draws=1024"))
+    releases = {r["name"]: r for r in json.loads(Path(result["ledger"]).read_text())["releases"]}
+    assert releases["gem/one_way"]["sensitivity"] == pytest.approx(41**0.5)  # 41 discretised columns
+    with pytest.raises(ConfigError, match="rounds=32; set model.mechanisms.0..rounds to at least 33"):
+        train(make_cfg(tmp_path / "refused", *TINY, "data=cervical", "model.mechanisms.0.rounds=32"))
+    assert not (tmp_path / "refused").exists()
 
 
 def test_the_rounds_plan_matches_the_release_it_guards():
