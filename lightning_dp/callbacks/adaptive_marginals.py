@@ -157,10 +157,11 @@ class AdaptiveMarginals(Callback):
         pairs ``f_L·ρ`` where the data has a label; together they must stay below ρ. Data-free: C comes from the
         public schema and the run's ``data`` settings (``module_cls.possible_levels``), T, f and f_L from the
         settings. Where the releases decide C, the fewest columns they can leave are used, so a plan that can work
-        is never refused here (the 1-way release checks the run's own C again).
+        is never refused here (the 1-way release checks the run's own C again). With ``one_way`` false the first
+        block is the label pairs alone (f_L < 1 by :meth:`check_settings`), refused on data without a label.
 
         Raises:
-            ConfigError: with the smallest ``rounds`` that fits.
+            ConfigError: with the smallest ``rounds`` that fits, or when ``one_way`` is false without a label.
         """
         labelled = getattr(schema, "label", None) is not None
         if not node.get("one_way", True) and not labelled:
