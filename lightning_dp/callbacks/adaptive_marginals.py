@@ -292,7 +292,7 @@ class AdaptiveMarginals(Callback):
         module.round_sigma.fill_(sigma)
         module.round_epsilon.fill_(epsilon)
         module.round_step.fill_(trainer.global_step)
-        log.info("Released %s%s (σ₀ = %.4g); zCDP budget ρ = %.4g for T = %d rounds; %s",
+        log.info("Released %s%s; the rounds start at σ₀ = %.4g; zCDP budget ρ = %.4g for T = %d rounds; %s",
                  f"the {columns} 1-way marginals" if self.one_way else "",
                  (" and " if self.one_way else "") + f"the {len(pairs)} label pairs" if pairs else "", sigma, rho,
                  rounds, self.ledger.summary())
