@@ -156,7 +156,8 @@ class DiracCanaries:
         self.coordinates, self.included, self.size = coordinates, included, int(size)
         self.sample_rate, self.max_grad_norm = float(sample_rate), float(max_grad_norm)
         self.scores = np.zeros(len(coordinates))
-        self.history: list[np.ndarray] = []  # per step, the release at the canaries' coordinates / C (float32)
+        # per step, the release at the canaries' coordinates / C (float32): kept only where the spike scores read it
+        self.history: list[np.ndarray] = []
         self.steps = 0
         self.sampled = 0  # canary examples put into steps, over the run
         self._rng = np.random.default_rng(seed)
@@ -182,7 +183,8 @@ class DiracCanaries:
         """Add one step's release (the noisy clipped sum, (P,)) at the canaries' coordinates."""
         seen = release.detach().double().cpu().numpy()[self.coordinates] / self.max_grad_norm
         self.scores += seen
-        self.history.append(seen.astype(np.float32))
+        if self.sample_rate <= SPARSE_RATE:
+            self.history.append(seen.astype(np.float32))
         self.steps += 1
 
 

@@ -70,10 +70,12 @@ CONFIGS = {
     "ppem": ["model=ppem", "privacy=dp_sgd", "model.sensitive=[mean radius,mean texture]", "model.module.hidden=[32,32]",
              "model.module.latent_dim=16", "model.module.batch_size=32", "model.module.fourier=16",
              "data.batch_size=64", "trainer.max_epochs=1"],
-    # GEM: AIM-style rounds (exponential-mechanism selections, Gaussian measurements) between generator fits
+    # GEM: AIM-style rounds (exponential-mechanism selections, Gaussian measurements) between generator fits, after
+    # a first block of the 1-way marginals and every (column, label) pair
     "gem": ["model=gem", "model.module.bins=4", "model.module.batch_size=64", "model.module.steps_per_epoch=30",
             "model.generator.hidden=[16]", "model.mechanisms.0.rounds=40", "model.mechanisms.0.steps_per_round=2",
-            "model.mechanisms.0.final_steps=3", "trainer.max_epochs=1"],
+            "model.mechanisms.0.final_steps=3", "model.mechanisms.0.target_pairs_fraction=0.15",
+            "trainer.max_epochs=1"],
 }
 COMMON = ["trainer.enable_progress_bar=false", "trainer.enable_model_summary=false"]
 FORMATS = ("csv", "csv_missing", "parquet")

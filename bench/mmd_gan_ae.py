@@ -32,9 +32,11 @@ The runs, epochs and the thesis' figures are the ``mmd_gan_ae_ehr`` table of ``b
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -99,22 +101,35 @@ def _run(cmd: list[str], *, ok: tuple[int, ...] = (0,)) -> tuple[float, str]:
     return seconds, proc.stdout
 
 
+def source_digest() -> str:
+    """A digest of the code and configs a run executes (lightning_dp/, audits/, configs/): a cached result is
+    reused only when it is unchanged, so a rerun after a model change trains afresh."""
+    digest = hashlib.sha256()
+    for path in sorted(p for d in ("lightning_dp", "audits", "configs") for p in (ROOT / d).rglob("*")
+                       if p.suffix in (".py", ".yaml") and p.is_file()):
+        digest.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
 def train_and_audit(overrides: list[str], seed: int, folder: Path) -> dict[str, Any]:
     """One seed: ``train.py`` then ``python -m audits`` on its checkpoint; the report and the timings (reused from
-    ``folder/result.json`` when a call with the same overrides left one there)."""
+    ``folder/result.json`` when a call with the same overrides and the same :func:`source_digest` left one
+    there)."""
     data = data_name(overrides)
     run, audit = folder / "run", folder / "audit"
-    cached = folder / "result.json"
+    cached, source = folder / "result.json", source_digest()
     if cached.is_file():
         result = json.loads(cached.read_text())
-        if result.get("overrides") == overrides:
+        if result.get("overrides") == overrides and result.get("source") == source:
             return result
+    for stale in (run, audit):  # the bench's own folders, from a call with other overrides or older code
+        shutil.rmtree(stale, ignore_errors=True)
     train_s, _ = _run([sys.executable, "train.py", *overrides, f"seed={seed}", f"output_dir={run}",
                        "trainer.enable_progress_bar=false"])
     audit_s, _ = _run([sys.executable, "-m", "audits", str(run / "checkpoints" / "last.ckpt"), "--real", data,
                        "--holdout", data, "--out", str(audit), "--seed", str(seed)], ok=AUDIT_EXIT_OK)
     report = json.loads((audit / "report.json").read_text())
-    result = {"report": report, "train_s": train_s, "audit_s": audit_s, "overrides": overrides}
+    result = {"report": report, "train_s": train_s, "audit_s": audit_s, "overrides": overrides, "source": source}
     cached.write_text(json.dumps(result))
     return result
 

@@ -27,6 +27,7 @@ from lightning_dp.privacy.ledger import PrivacyLedger, Release
 log = logging.getLogger(__name__)
 
 ONE_WAY = "gem/one_way"
+TARGET_PAIRS = "gem/target_pairs"
 ROUND = "gem/round_{:04d}/{}"
 
 
@@ -41,6 +42,14 @@ class AdaptiveMarginals(Callback):
        multiplier; std σ₀·Δ₁ in counts). One release of C marginals, L2 sensitivity Δ = √C·Δ₁ with Δ₁ = 1
        under add/remove (a row adds one count to one cell of each) and √2 under replace-one (one cell −1,
        another +1): ``privacy.marginals.gaussian_l2_sensitivity``.
+       ``gem/target_pairs`` (when ``target_pairs_fraction`` f_L > 0 and the data has a label): in the same first
+       block, the 2-way marginal of the label with each of the other C − 1 columns, each with Gaussian noise
+       σ_L = √((C − 1) / (2 f_L ρ)) (std σ_L·Δ₁ in counts), one release of C − 1 marginals with L2 sensitivity
+       √(C − 1)·Δ₁ (a row is in one cell of each), zCDP cost (C − 1)/(2σ_L²) = f_L·ρ. The workload's structure
+       is public, so measuring every label pair needs no selection; the rounds select among all the workload's
+       marginals (a label pair may be measured again) with what is left. With ``one_way`` false the label pairs
+       replace the 1-way marginals (a column's 1-way marginal is its label pair summed over the label, the label's
+       any pair summed over the column): the first block is then the label pairs alone.
     2. each round t (every ``steps_per_round`` training steps): ``select`` one workload marginal r with the
        exponential mechanism on AIM's score ``w_r (||M_r(D) − M_r(Ĝ)||₁ − √(2/π) σ_t Δ₁ n_r)``, sensitivity
        ``max_r w_r · Δ_L1`` (``score_sensitivity``: ||M_r(D)||₁ moves by 1 (add/remove) or 2 (replace-one);
@@ -74,6 +83,9 @@ class AdaptiveMarginals(Callback):
         final_steps: training steps after the last round.
         final_lr_fraction: the learning rate at the end of the final fit, a fraction of the module's ``lr``.
         anneal: ``gap`` or ``movement`` (AIM's literal test), see above.
+        target_pairs_fraction: share f_L of ρ for measuring every (label, column) 2-way marginal in the first
+            release (0: none; without a label nothing is spent on it), see above.
+        one_way: release the 1-way marginals first (default); false only with the label pairs, which hold them.
         answer_draws: latent draws for the model's answers to every workload marginal before a selection (their
             Monte-Carlo error enters the score: ``GEM.answers``).
         chunk_size: rows per streamed chunk of the count pass.
@@ -83,14 +95,17 @@ class AdaptiveMarginals(Callback):
     def __init__(self, *, ledger: PrivacyLedger, datamodule: Any, rounds: int | None = None,
                  selection_fraction: float = 0.1, steps_per_round: int = 50, final_steps: int = 2000,
                  final_lr_fraction: float = 0.05, anneal: str = "gap", answer_draws: int = 65536,
-                 chunk_size: int = 65536, noise_seed: int | None = None) -> None:
+                 chunk_size: int = 65536, target_pairs_fraction: float = 0.0, one_way: bool = True,
+                 noise_seed: int | None = None) -> None:
         self.check_settings({"rounds": rounds, "selection_fraction": selection_fraction,
                              "steps_per_round": steps_per_round, "final_steps": final_steps, "chunk_size": chunk_size,
-                             "final_lr_fraction": final_lr_fraction, "anneal": anneal, "answer_draws": answer_draws})
+                             "final_lr_fraction": final_lr_fraction, "anneal": anneal, "answer_draws": answer_draws,
+                             "target_pairs_fraction": target_pairs_fraction, "one_way": one_way})
         self.ledger, self.datamodule = ledger, datamodule
         self.rounds, self.selection_fraction = rounds, float(selection_fraction)
         self.steps_per_round, self.final_steps, self.chunk_size = steps_per_round, final_steps, chunk_size
         self.final_lr_fraction, self.anneal, self.answer_draws = float(final_lr_fraction), anneal, answer_draws
+        self.target_pairs_fraction, self.one_way = float(target_pairs_fraction), bool(one_way)
         self.noise_seed = noise_seed
         self._exact: dict[mg.Clique, Tensor] = {}  # private: never leaves this object
         self._gen: torch.Generator | None = None
@@ -120,45 +135,69 @@ class AdaptiveMarginals(Callback):
         floor = node.get("final_lr_fraction", 0.05)
         if isinstance(floor, bool) or not isinstance(floor, int | float) or not 0 < floor <= 1:
             raise ConfigError(f"AdaptiveMarginals: final_lr_fraction must be in (0, 1] (1 = no decay), got {floor!r}.")
+        pairs = node.get("target_pairs_fraction", 0.0)
+        if isinstance(pairs, bool) or not isinstance(pairs, int | float) or not 0 <= pairs < 1:
+            raise ConfigError(f"AdaptiveMarginals: target_pairs_fraction must be in [0, 1) (0: no label pairs in the "
+                              f"first release), got {pairs!r}.")
+        one_way = node.get("one_way", True)
+        if not isinstance(one_way, bool):
+            raise ConfigError(f"AdaptiveMarginals: one_way must be true or false, got {one_way!r}.")
+        if not one_way and not pairs:
+            raise ConfigError("AdaptiveMarginals: one_way=false needs target_pairs_fraction > 0 (the label pairs hold "
+                              "every column's 1-way marginal).")
         if node.get("anneal", "gap") not in ("gap", "movement"):
             raise ConfigError(f"AdaptiveMarginals: anneal must be gap or movement (AIM's literal test), got "
                               f"{node.get('anneal')!r}.")
 
     @staticmethod
-    def check_plan(node: Mapping[str, Any], module_cls: Any, module_cfg: Mapping[str, Any], schema: Any) -> None:
-        """Refuse, before any release, ``rounds`` too few for the 1-way marginals: with AIM's σ (Alg. 1, line 3)
-        they cost ``C·(1−f)·ρ/T`` of ρ for C discretised columns, more than ρ when ``T < C·(1−f)``. Data-free:
-        C comes from the public schema (``module_cls.schema_levels``), T and f from the settings.
+    def check_plan(node: Mapping[str, Any], module_cls: Any, module_cfg: Mapping[str, Any], schema: Any, *,
+                   data: Mapping[str, Any] | None = None) -> None:
+        """Refuse, before any release, a first release that would leave no budget for the rounds: with AIM's σ
+        (Alg. 1, line 3) the 1-way marginals cost ``C·(1−f)·ρ/T`` of ρ for C discretised columns, and the label
+        pairs ``f_L·ρ`` where the data has a label; together they must stay below ρ. Data-free: C comes from the
+        public schema and the run's ``data`` settings (``module_cls.possible_levels``), T, f and f_L from the
+        settings. Where the releases decide C, the fewest columns they can leave are used, so a plan that can work
+        is never refused here (the 1-way release checks the run's own C again). With ``one_way`` false the first
+        block is the label pairs alone (f_L < 1 by :meth:`check_settings`), refused on data without a label.
 
         Raises:
-            ConfigError: with the smallest ``rounds`` that fits.
+            ConfigError: with the smallest ``rounds`` that fits, or when ``one_way`` is false without a label.
         """
+        labelled = getattr(schema, "label", None) is not None
+        if not node.get("one_way", True) and not labelled:
+            raise ConfigError("model=gem: one_way=false measures the label pairs in place of the 1-way marginals, and "
+                              "this data set has no label; set model.mechanisms[0].one_way=true. Nothing was spent.")
         rounds, frac = node.get("rounds"), float(node.get("selection_fraction", 0.1))
-        levels = getattr(module_cls, "schema_levels", None)
-        if rounds is None or levels is None:
+        levels = getattr(module_cls, "possible_levels", None)
+        if rounds is None or levels is None or not node.get("one_way", True):
             return
-        columns = len(levels(module_cfg, schema))
-        if columns * (1 - frac) > rounds:
+        columns = min(len(layout) for layout in levels(module_cfg, schema, data))
+        pairs = float(node.get("target_pairs_fraction", 0.0)) if labelled else 0.0
+        if columns * (1 - frac) > rounds * (1 - pairs):
+            extra = f" and target_pairs_fraction={pairs:g}" if pairs else ""
             raise ConfigError(f"model=gem: the {columns} 1-way marginals alone would spend more than the budget with "
-                              f"rounds={rounds}; set model.mechanisms[0].rounds to at least "
-                              f"{math.ceil(columns * (1 - frac))} (null: 16 per column). Nothing was spent.")
+                              f"rounds={rounds}{extra}; set model.mechanisms[0].rounds to at least "
+                              f"{math.ceil(columns * (1 - frac) / (1 - pairs))} (null: 16 per column). Nothing was "
+                              "spent.")
 
     # ---------------------------------------------------------------- hooks
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._gen = mech.noise_generator(self._shared_seed(trainer))
         measured = sum(1 for r in self.ledger.releases if r.name.startswith("gem/round_") and r.name.endswith("/measure"))
         if pl_module.is_released():
-            if not self.ledger.has(ONE_WAY) or measured != int(pl_module.rounds):
+            first = (not self.one_way or self.ledger.has(ONE_WAY)) and (
+                not self._target_pairs(pl_module) or self.ledger.has(TARGET_PAIRS))
+            if not first or measured != int(pl_module.rounds):
                 raise RuntimeError(f"The checkpoint holds {int(pl_module.rounds)} measured rounds but its ledger lists "
                                    f"{measured}: the checkpoint is inconsistent and cannot be trusted. Start a new run.")
             log.info("Resuming after %d rounds of released marginals; nothing is released again.", measured)
-        elif self.ledger.has(ONE_WAY):
+        elif self.ledger.has(ONE_WAY) or self.ledger.has(TARGET_PAIRS):
             raise CheckpointError("The ledger lists released marginals but this checkpoint has none: it is older than "
                                   "the release. Resume from the run's checkpoints/last.ckpt, or start a new run.")
         self._exact = self._exact_marginals(trainer, pl_module)
         if not pl_module.is_released():
             with self.ledger.durable():
-                self._release_one_way(trainer, pl_module)
+                self._release_first(trainer, pl_module)
 
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
         step = trainer.global_step
@@ -203,39 +242,81 @@ class AdaptiveMarginals(Callback):
             totals = list(torch.split(flat[size * size :], [len(t) for t in totals]))
         gram = gram.cpu()
         small = [(c,) for c in range(len(levels))] + [c for c in module.cliques if len(c) == 2]
+        small += [c for c in self._target_pairs(module) if c not in small]  # a degree-3 workload's label pairs
         return {**{c: mg.clique_from_pairs(gram, c, levels) for c in small},
                 **{c: t.cpu() for c, t in zip(big, totals, strict=True)}}
 
     # ---------------------------------------------------------------- releases
-    def _release_one_way(self, trainer: Trainer, module: Any) -> None:
+    def _target_pairs(self, module: Any) -> list[mg.Clique]:
+        """The (column, label) cliques of the first release: none when ``target_pairs_fraction`` is 0 or the data
+        has no label (the label is the last discretised column)."""
+        if self.target_pairs_fraction <= 0 or module.num_classes <= 1:
+            return []
+        label = len(module.levels) - 1
+        return [(c, label) for c in range(label)]
+
+    def _release_first(self, trainer: Trainer, module: Any) -> None:
+        """The first, deterministic block: the 1-way marginals (unless ``one_way`` is false) and the label pairs."""
         columns = len(module.levels)
         rounds = self.rounds or 16 * columns
         rho = self._rho_budget()
         sigma, epsilon = mg.round_parameters(rho, rounds, selection_fraction=self.selection_fraction)
         delta_1 = mg.gaussian_l2_sensitivity(1, adjacency=self.ledger.adjacency)
-        sens = mg.gaussian_l2_sensitivity(columns, adjacency=self.ledger.adjacency)
-        multiplier = sigma / math.sqrt(columns)  # std σ·Δ₁ per cell = multiplier · Δ
-        if columns / (2 * sigma**2) > rho:
-            raise ConfigError(f"model=gem: the 1-way marginals alone would spend more than the budget with rounds="
-                              f"{rounds}; raise model.mechanisms[0].rounds. Nothing was released.")
-        self.ledger.record(Release(
-            name=ONE_WAY, mechanism="gaussian", sensitivity=sens, noise_multiplier=multiplier,
-            note=f"the {columns} 1-way marginals, N(0, (σ₀Δ₁)²) per cell, σ₀ = {sigma:.4g}; Δ = √{columns}·Δ₁ "
-                 f"(a row is in one cell of each, {self.ledger.adjacency})"))
-        noisy = [mech.gaussian_noise(self._exact[(c,)], sensitivity=delta_1, noise_multiplier=sigma,
-                                     generator=self._gen) for c in range(columns)]
-        noisy = self._broadcast(trainer, noisy)
+        pairs = self._target_pairs(module)
+        if not self.one_way and not pairs:
+            raise ConfigError("model=gem: one_way=false needs the label pairs in its place (target_pairs_fraction > 0 "
+                              "and a data set with a label). Nothing was released.")
+        rho_pairs = self.target_pairs_fraction * rho if pairs else 0.0
+        used = columns / (2 * sigma**2) if self.one_way else 0.0
+        if used + rho_pairs > rho:
+            raise ConfigError(f"model=gem: the 1-way marginals and the label pairs alone would spend the whole budget "
+                              f"with rounds={rounds}; raise model.mechanisms[0].rounds or lower "
+                              "target_pairs_fraction. Nothing was released.")
         module.num_rows.fill_(max(float(self.datamodule.released_num_rows), 1.0))
-        for c, values in enumerate(noisy):
-            module.add_measurement((c,), values, sigma * delta_1)
+        if self.one_way:
+            sens = mg.gaussian_l2_sensitivity(columns, adjacency=self.ledger.adjacency)
+            self.ledger.record(Release(
+                name=ONE_WAY, mechanism="gaussian", sensitivity=sens, noise_multiplier=sigma / math.sqrt(columns),
+                note=f"the {columns} 1-way marginals, N(0, (σ₀Δ₁)²) per cell, σ₀ = {sigma:.4g}; Δ = √{columns}·Δ₁ "
+                     f"(a row is in one cell of each, {self.ledger.adjacency})"))
+            noisy = [mech.gaussian_noise(self._exact[(c,)], sensitivity=delta_1, noise_multiplier=sigma,
+                                         generator=self._gen) for c in range(columns)]
+            noisy = self._broadcast(trainer, noisy)
+            for c, values in enumerate(noisy):
+                module.add_measurement((c,), values, sigma * delta_1)
+        if pairs:
+            used += self._release_target_pairs(trainer, module, pairs, rho_pairs)
         module.start_from_one_way()
         module.rho_total.fill_(rho)
-        module.rho_used.fill_(columns / (2 * sigma**2))
+        module.rho_used.fill_(used)
         module.round_sigma.fill_(sigma)
         module.round_epsilon.fill_(epsilon)
         module.round_step.fill_(trainer.global_step)
-        log.info("Released the %d 1-way marginals (σ₀ = %.4g); zCDP budget ρ = %.4g for T = %d rounds; %s", columns,
-                 sigma, rho, rounds, self.ledger.summary())
+        log.info("Released %s%s; the rounds start at σ₀ = %.4g; zCDP budget ρ = %.4g for T = %d rounds; %s",
+                 f"the {columns} 1-way marginals" if self.one_way else "",
+                 (" and " if self.one_way else "") + f"the {len(pairs)} label pairs" if pairs else "", sigma, rho,
+                 rounds, self.ledger.summary())
+
+    def _release_target_pairs(self, trainer: Trainer, module: Any, pairs: list[mg.Clique], rho_pairs: float) -> float:
+        """Release every (column, label) 2-way marginal at zCDP cost ``rho_pairs``; return that cost.
+
+        One Gaussian release of m = C − 1 marginals: L2 sensitivity √m·Δ₁ (a row adds one count to one cell of
+        each marginal; Δ₁ = 1 add/remove, √2 replace-one), noise std σ_L·Δ₁ per cell with σ_L = √(m / (2ρ_L)),
+        so its zCDP ρ is m/(2σ_L²) = ρ_L."""
+        m = len(pairs)
+        delta_1 = mg.gaussian_l2_sensitivity(1, adjacency=self.ledger.adjacency)
+        sigma = math.sqrt(m / (2 * rho_pairs))
+        sens = mg.gaussian_l2_sensitivity(m, adjacency=self.ledger.adjacency)
+        self.ledger.record(Release(
+            name=TARGET_PAIRS, mechanism="gaussian", sensitivity=sens, noise_multiplier=sigma / math.sqrt(m),
+            note=f"the {m} (column, label) 2-way marginals, N(0, (σ_LΔ₁)²) per cell, σ_L = {sigma:.4g}; Δ = √{m}·Δ₁ "
+                 f"(a row is in one cell of each, {self.ledger.adjacency})"))
+        noisy = [mech.gaussian_noise(self._exact[c], sensitivity=delta_1, noise_multiplier=sigma, generator=self._gen)
+                 for c in pairs]
+        noisy = self._broadcast(trainer, noisy)
+        for clique, values in zip(pairs, noisy, strict=True):
+            module.add_measurement(clique, values, sigma * delta_1)
+        return m / (2 * sigma**2)
 
     def _rho_budget(self) -> float:
         """The largest zCDP ρ (an RDP curve α·ρ) the ledger can still take, with a margin for rounding."""

@@ -207,3 +207,75 @@ def release_cells(df: pd.DataFrame, schema: Schema, ledger: PrivacyLedger, *, ep
                  "schema to spend nothing on them.", c.name, len(spikes), len(edges) - 1)
     return Schema(columns=[columns[c.name] for c in schema.columns], label=schema.label,
                   missing_values=schema.missing_values), []
+
+
+# ---------------------------------------------------------------- counts before the release (public)
+def declared_spikes(column: Column) -> int:
+    """How many of the declared spikes become cells (``column_cells`` drops those outside public bounds)."""
+    if column.bounds is None:
+        return len(column.spikes or [])
+    lo, hi = column.bounds
+    return sum(lo <= float(v) <= hi for v in column.spikes or [])
+
+
+def _bins_cap(column: Column, k: int) -> int:
+    """At most ``k`` bins; an integer column with public bounds has integer edges, so at most ``hi − lo``."""
+    if column.integer and column.bounds is not None:
+        return min(k, max(1, int(column.bounds[1] - column.bounds[0])))
+    return k
+
+
+def most_cells(column: Column, *, bins: int = DEFAULT_BINS) -> int:
+    """The most cells a continuous column can have after :func:`release_cells` with ``bins``, whatever the noise
+    and the rows draw: a function of the public schema only, and the exact count when the schema declares the
+    spikes, the bin edges and the bounds.
+
+    Released spikes are at most ``min(bins, P)`` (P: the public grid's points, :func:`fine_grid`) and each holds at
+    least ``1/bins`` of the column's clipped noisy mass, so ``s`` of them leave a share ``≤ 1 − s/bins`` to the
+    bins, whose number is then ``k ≤ max(min(4, K), min(K, ⌈K·share⌉)) ≤ max(min(4, K), min(K, ⌊K(bins − s) /
+    bins⌋ + 1))`` (K: the column's ``bins: K`` or ``bins``; the ``+ 1`` also covers rounding of the float share).
+    The quantile cuts or equal-width edges give at most ``k`` bins, an integer column's at most ``hi − lo``. The
+    bound is the largest ``s + k`` over ``s``, plus the missing cell. Declared spikes leave ``k ≤ K``.
+    """
+    missing = int(column.missing)
+    if isinstance(column.bins, list):
+        n_bins = len(column.bins) - 1
+        if column.spikes is not None:
+            return declared_spikes(column) + n_bins + missing
+        return _max_released_spikes(column, bins) + n_bins + missing
+    k_max = column.bins if isinstance(column.bins, int) else bins
+    if column.spikes is not None:
+        return declared_spikes(column) + _bins_cap(column, k_max) + missing
+    most = 0
+    for s in range(_max_released_spikes(column, bins) + 1):
+        k = max(min(4, k_max), min(k_max, k_max * (bins - s) // bins + 1))
+        most = max(most, s + _bins_cap(column, k))
+    return most + missing
+
+
+def _max_released_spikes(column: Column, bins: int) -> int:
+    """At most ``min(bins, P)`` spikes: P = the integers of a short integer range, else the bounds and 0."""
+    if column.bounds is None:  # bounds released first: any range
+        points = MAX_POINTS if column.integer else 3
+    else:
+        lo, hi = column.bounds
+        if column.integer and hi - lo + 1 <= MAX_POINTS:
+            points = int(hi - lo) + 1
+        else:
+            points = len({float(lo), float(hi)} | ({0.0} if lo < 0 < hi else set()))
+    return min(bins, points)
+
+
+def cells_without_release(column: Column, *, bins: int = DEFAULT_BINS) -> int | None:
+    """The cells a column gets when the rows are too few for :func:`release_cells` (nothing released): None for
+    one that declares neither spikes nor bins (it stays one min-max number), else the declared spikes and the
+    declared edges or equal-width bins (its ``bins: K``, else ``min(bins, 10)``), plus the missing cell. At most
+    that many: an integer column with a short range may get fewer equal-width bins."""
+    if column.spikes is None and column.bins is None:
+        return None
+    spikes = declared_spikes(column) if column.spikes is not None else 0
+    if isinstance(column.bins, list):
+        n_bins = len(column.bins) - 1
+    else:
+        n_bins = _bins_cap(column, column.bins if isinstance(column.bins, int) else min(bins, 10))
+    return spikes + n_bins + int(column.missing)

@@ -165,6 +165,7 @@ class GEM(GeneratorModule):
         self.discretisation = Discretisation.of(n_continuous=n_continuous, block_sizes=self.block_sizes,
                                                 num_classes=num_classes, continuous_units=continuous_units, bins=bins,
                                                 continuous_cells=continuous_cells)
+        self.check_levels(self.levels, {"degree": degree, "target_triples": target_triples})  # DP categories: no bound before
         if list(generator.level_sizes) != list(self.levels):
             raise ValueError(f"The generator's levels {generator.level_sizes} are not the module's {self.levels}.")
         target = len(self.levels) - 1 if num_classes > 1 else None
@@ -198,24 +199,69 @@ class GEM(GeneratorModule):
         return {"level_sizes": list(disc.levels)}
 
     @staticmethod
-    def schema_levels(module_cfg: Mapping[str, Any], schema: Any) -> list[int]:
-        """The discretised columns' level counts as the public schema fixes them (a DP category release can only
-        lower a count left open; one column per schema column, plus a missing indicator where declared)."""
-        bins = module_cfg.get("bins", 32)
-        levels = []
-        for c in schema.columns:
-            if c.type == "continuous":
-                values = int(c.bounds[1] - c.bounds[0]) + 1 if c.integer and c.bounds is not None else 0
-                levels.append(values if 0 < values <= bins else bins + 2)
-                if c.missing:
-                    levels.append(2)
-            else:  # categories left to a DP release: at most as many as the rows allow; checked again at build
-                levels.append(len(c.categories) + (1 if c.missing else 0) if c.categories is not None else 2)
-        return levels
+    def possible_levels(module_cfg: Mapping[str, Any], schema: Any,
+                        data: Mapping[str, Any] | None = None) -> list[list[int]]:
+        """The discretised columns' level counts before any release: one list for each way the releases can end.
+
+        A function of the public schema, this module's ``bins`` and the run's ``data`` settings
+        (``representation``, ``bins``; None: the data module's defaults, cells and ``dp_cells.DEFAULT_BINS``).
+        Exact where the schema declares everything, else an upper bound over every outcome of the DP releases
+        (``dp_cells.most_cells``), except a category list left to a DP release, which counts 2 (the fewest it can
+        keep; the run's own layout is checked again, :meth:`check_levels`). A cells column is one column of its
+        cells (its missing value one of them); a min-max column has ``bins + 2`` levels (one per integer value
+        when they are at most ``bins``) and a 2-level missing indicator beside it. The cells release has two
+        outcomes with different columns: every cells column released, or, when its rows are too few, nothing
+        (``dp_cells.cells_without_release``: a column declaring neither spikes nor bins stays min-max).
+        """
+        from lightning_dp.data.dp_cells import DEFAULT_BINS, cells_without_release, most_cells, needs_cells
+
+        bins, data = module_cfg.get("bins", 32), data or {}
+        cells = data.get("representation", "cells") == "cells"
+        data_bins = int(data.get("bins", DEFAULT_BINS))
+        todo = {c.name for c in needs_cells(schema)} if cells else set()
+
+        def minmax(c: Any) -> list[int]:
+            values = int(c.bounds[1] - c.bounds[0]) + 1 if c.integer and c.bounds is not None else 0
+            return [values if 0 < values <= bins else bins + 2] + ([2] if c.missing else [])
+
+        def layout(released: bool) -> list[int]:
+            levels: list[int] = []
+            for c in schema.columns:
+                if c.type == "continuous":
+                    count = (None if not cells else most_cells(c, bins=data_bins) if released or c.name not in todo
+                             else cells_without_release(c, bins=data_bins))
+                    levels += minmax(c) if count is None else [count]
+                elif c.name == schema.label:  # the classes, no missing level (``TabularEncoder.classes``)
+                    k = len(c.categories) if c.categories is not None else 2
+                    levels += [k] if k > 1 else []
+                else:
+                    levels.append(len(c.categories) + int(c.missing) if c.categories is not None else 2)
+            return levels
+
+        return [layout(True)] + ([layout(False)] if todo else [])
 
     @staticmethod
-    def check_schema(module_cfg: Mapping[str, Any], schema: Any) -> None:
-        """Refuse settings out of range and a workload too large for memory, before any release.
+    def check_levels(levels: Sequence[int], module_cfg: Mapping[str, Any]) -> None:
+        """Refuse discretised columns whose Gram matrices or largest workload marginal would not fit in memory.
+
+        Raises:
+            ConfigError: with the settings to change.
+        """
+        fix = ("Set data.bins lower (a cells column's quantile bins) or model.module.bins (a min-max column's), or "
+               "declare fewer categories")
+        if sum(levels) > MAX_LEVELS:
+            raise ConfigError(f"model=gem: the discretised columns have up to {sum(levels):,} levels together, above "
+                              f"{MAX_LEVELS:,} (the fit holds a square matrix of them). {fix}.")
+        degree = min(module_cfg.get("degree", 2), len(levels))
+        top = sorted(levels)[-3:] if module_cfg.get("target_triples") else sorted(levels)[-degree:]
+        if math.prod(top) > MAX_CLIQUE_CELLS:
+            raise ConfigError(f"model=gem: the largest workload marginal has up to {math.prod(top):,} cells, above "
+                              f"{MAX_CLIQUE_CELLS:,}. {fix}, or set model.module.degree=2.")
+
+    @staticmethod
+    def check_schema(module_cfg: Mapping[str, Any], schema: Any, *, data: Mapping[str, Any] | None = None) -> None:
+        """Refuse settings out of range and a workload that may not fit in memory, before any release: every way
+        the releases can end (:meth:`possible_levels`, upper bounds) must fit.
 
         Raises:
             ConfigError: the first problem, with the setting to change.
@@ -224,18 +270,12 @@ class GEM(GeneratorModule):
         check_settings(**{k: module_cfg[k] for k in keys if k in module_cfg})
         if schema is None:
             return
-        levels = GEM.schema_levels(module_cfg, schema)
-        if len(levels) < 2:
+        layouts = GEM.possible_levels(module_cfg, schema, data)
+        if min(len(levels) for levels in layouts) < 2:
             raise ConfigError("model=gem models the dependence between columns; the data set needs at least two "
                               "columns (the label counts).")
-        if sum(levels) > MAX_LEVELS:
-            raise ConfigError(f"model=gem: the discretised columns have {sum(levels):,} levels together, above "
-                              f"{MAX_LEVELS:,} (the fit holds a square matrix of them). Set model.module.bins lower.")
-        degree = min(module_cfg.get("degree", 2), len(levels))
-        top = sorted(levels)[-3:] if module_cfg.get("target_triples") else sorted(levels)[-degree:]
-        if math.prod(top) > MAX_CLIQUE_CELLS:
-            raise ConfigError(f"model=gem: the largest workload marginal has {math.prod(top):,} cells, above "
-                              f"{MAX_CLIQUE_CELLS:,}. Set model.module.bins lower or model.module.degree=2.")
+        for levels in layouts:
+            GEM.check_levels(levels, module_cfg)
 
     @property
     def levels(self) -> tuple[int, ...]:
@@ -274,15 +314,24 @@ class GEM(GeneratorModule):
     @torch.no_grad()
     def start_from_one_way(self) -> None:
         """Start every column at its released 1-way proportions (clipped at 1e-3): the output layer's bias is their
-        log, its weights stay 0, so the fit begins at the independent model of the 1-way measurements."""
+        log, its weights stay 0, so the fit begins at the independent model of the 1-way measurements. A column
+        without a 1-way measurement takes the first released pair that holds it, summed over the other column."""
         out = getattr(self.generator, "out", None)
         if not isinstance(out, nn.Linear):
             return
-        o = self.offsets
+        o, levels = self.offsets, self.levels
+        one_way: dict[int, Tensor] = {}
         for clique, y, _ in self.pooled():
             if len(clique) == 1:
-                p = (y / float(self.num_rows)).clamp_min(1e-3)
-                out.bias[o[clique[0]] : o[clique[0] + 1]] = (p / p.sum()).log().to(out.bias)
+                one_way[clique[0]] = y
+        for clique, y, _ in self.pooled():
+            if len(clique) == 2:
+                table = y.view(levels[clique[0]], levels[clique[1]])  # (k_a, k_b)
+                one_way.setdefault(clique[0], table.sum(1))
+                one_way.setdefault(clique[1], table.sum(0))
+        for c, y in one_way.items():
+            p = (y / float(self.num_rows)).clamp_min(1e-3)
+            out.bias[o[c] : o[c + 1]] = (p / p.sum()).log().to(out.bias)
 
     def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any, **kwargs: Any) -> None:
         """The measurements' sizes are known only after the releases: take the saved ones before loading them."""

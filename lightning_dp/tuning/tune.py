@@ -361,7 +361,7 @@ def check_candidates(cfg: DictConfig, tc: TuneConfig, p: Plan, out: Path) -> Non
         where = f"tune.space.{cfg.model.name} point {json.dumps(point)}"
         try:
             check_config(cand)
-            check_data(cand.model, schema)
+            check_data(cand.model, schema, cand.data)
             check_before_release(cand, schema)
         except UserError as err:
             raise ConfigError(f"{where}: {err}") from None
