@@ -17,6 +17,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader
 
 from lightning_dp.checkpoint import CheckpointError
+from lightning_dp.data.schema import Schema
 from lightning_dp.errors import ConfigError
 from lightning_dp.models.base import GeneratorModule
 
@@ -41,6 +42,22 @@ def bins_per_dimension(num_rows: float, epsilon: float, d: int) -> int:
     """Equal bins on each of d continuous axes: ``round(total_cells^{1/d})``, at least 1 (the author's code)."""
     log_total = 2.0 * d / (2.0 + d) * math.log(num_rows * epsilon / 10.0)  # log of total_cells, overflow-free
     return max(1, round(math.exp(log_total / d)))
+
+
+def smallest_grid(schema: Schema, *, bins_per_dim: int | None = None) -> list[int]:
+    """The fewest bins on each axis the grid can have, from the public schema alone (before any release).
+
+    ``bins_per_dim`` (1 when Su et al.'s formula will choose it) on each continuous column, 2 on the missing-value
+    indicator of a continuous column that allows missing values, each categorical column's declared categories (and
+    its missing category; a list left to a DP release counts 1), and the label's classes: the axes of
+    :meth:`PerturbedHistogram.grid` in the order of the encoder's layout, or fewer where a release decides.
+    """
+    k = bins_per_dim or 1
+    continuous = [c for c in schema.features if c.type == "continuous"]
+    axes = [k] * len(continuous) + [2 for c in continuous if c.missing]
+    axes += [len(c.categories or ()) + int(c.missing) or 1 for c in schema.features if c.type == "categorical"]
+    classes = len(schema[schema.label].categories or ()) if schema.label else 0
+    return axes + ([classes] if classes > 1 else [])
 
 
 class PerturbedHistogram(GeneratorModule):
@@ -100,6 +117,17 @@ class PerturbedHistogram(GeneratorModule):
             ConfigError: a setting the model cannot use, with the fix.
         """
         check_settings(**{k: module_cfg[k] for k in ("bins_per_dim", "max_cells") if k in module_cfg})
+        if isinstance(schema, Schema):
+            bins, max_cells = module_cfg.get("bins_per_dim"), module_cfg.get("max_cells", 2**26)
+            axes = smallest_grid(schema, bins_per_dim=bins)
+            if math.prod(axes) > max_cells:
+                shown = " × ".join(map(str, axes))
+                raise ConfigError(
+                    f"model=perturbed_histogram: the grid has at least {shown} = {math.prod(axes):.3g} cells "
+                    f"({bins or 1} bin(s) on each continuous column), above model.module.max_cells = {max_cells:.3g} "
+                    "(4 bytes a cell). Raise max_cells if the memory is there, or drop categorical columns. Nothing "
+                    "was released."
+                )
 
     @staticmethod
     def minmax_columns(module_cfg: Mapping[str, Any], schema: Any) -> list[str]:

@@ -190,6 +190,32 @@ def test_settings_and_images_are_refused_before_any_release():
         check_data({**node, "mechanisms": [{**node["mechanisms"][0], "cell_chunk": 0}]}, object())
 
 
+
+def test_a_grid_the_public_schema_already_puts_over_max_cells_is_refused_before_the_row_count():
+    # Adult's categorical axes alone make 9·16·7·15·6·5·2·42·2 = 7.6e7 cells > 2^26: refused after the DP row count
+    # (ε 0.12 spent) when the mechanism saw the grid; the schema shows it before any release
+    from lightning_dp.data.schema import Schema
+    from lightning_dp.data.sources import bundled_schema
+    from lightning_dp.models.perturbed_histogram import smallest_grid
+
+    node = {"name": "perturbed_histogram",
+            "module": {"_target_": "lightning_dp.models.perturbed_histogram.PerturbedHistogram"},
+            "mechanisms": [{"_target_": "lightning_dp.callbacks.perturbed_histogram.LaplaceHistogram"}]}
+    adult = bundled_schema("adult")
+    assert smallest_grid(adult) == [1] * 6 + [9, 16, 7, 15, 6, 5, 2, 42, 2]
+    with pytest.raises(ConfigError, match=r"at least .* = 7.62e\+07 cells .*Nothing was released"):
+        check_data(node, adult)
+    check_data({**node, "module": {**node["module"], "max_cells": 2**27}}, adult)
+    with pytest.raises(ConfigError, match="3 bin"):  # 3^6 times more with a public k = 3
+        check_data({**node, "module": {**node["module"], "max_cells": 2**27, "bins_per_dim": 3}}, adult)
+    small = Schema.from_dict({"label": "y", "columns": [
+        {"name": "a", "type": "continuous", "bounds": [0, 1], "missing": True},
+        {"name": "b", "type": "categorical", "categories": ["x", "z"], "missing": True},
+        {"name": "c", "type": "categorical"},  # its list comes from a DP release: at least 1
+        {"name": "y", "type": "categorical", "categories": ["0", "1"]}]})
+    assert smallest_grid(small, bins_per_dim=4) == [4, 2, 3, 1, 2]
+    check_data(node, small)
+
 # ------------------------------------------------------------------------------------------ sampling
 def test_samples_are_uniform_within_their_cell_and_cells_follow_the_counts():
     module = PerturbedHistogram(n_continuous=2, bins_per_dim=4)
