@@ -263,3 +263,18 @@ def test_the_entropy_term_is_the_components_entropy_and_lowers_the_loss():
     assert float(plain - spread) == pytest.approx(2.0 * (math.log(3) + math.log(2)), rel=1e-5)
     with pytest.raises(ConfigError, match="entropy_weight"):
         GEM.check_schema({"entropy_weight": -1.0}, None)
+
+
+def test_the_label_triples_come_from_label_weighted_gram_matrices():
+    disc = Discretisation.of(n_continuous=0, block_sizes=[3, 4], num_classes=3, continuous_units=[], bins=8)
+    gen = ProductGenerator(level_sizes=disc.levels, latent_dim=4, hidden=[8])
+    torch.nn.init.normal_(gen.out.weight)
+    module = GEM(gen, n_continuous=0, block_sizes=[3, 4], num_classes=3, continuous_units=[], bins=8,
+                 target_triples=True)
+    module.num_rows.fill_(10.0)
+    assert module.cliques[-1] == (0, 1, 2) and module._label_triple((0, 1, 2))
+    torch.manual_seed(5)
+    pair, triple = module.answers([(0, 2), (0, 1, 2)], draws=40, chunk=40)
+    torch.manual_seed(5)
+    expected = mg.product_marginal(module.level_probs(40), (0, 1, 2)).double() * 10.0
+    assert torch.allclose(triple, expected, atol=1e-5) and torch.allclose(triple.view(3, 4, 3).sum(1).flatten(), pair)
