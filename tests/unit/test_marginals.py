@@ -239,3 +239,42 @@ def test_the_step_loss_is_unbiased_for_the_mixtures_loss():
     assert float(plain.mean()) > 10 * abs(float(unbiased.mean())) and float(plain.mean()) > 1e-3
     with pytest.raises(ConfigError, match="batch_size"):
         GEM.check_schema({"batch_size": 1}, None)
+
+
+def test_the_entropy_term_is_the_components_entropy_and_lowers_the_loss():
+    from lightning_dp.models.gem import component_entropy
+
+    uniform, point = torch.full((5, 4), 0.25), F.one_hot(torch.tensor([0, 1, 2, 0, 1]), 3).float()
+    assert float(component_entropy([uniform, point])) == pytest.approx(math.log(4))  # Σ_c of the mean over draws
+    disc = Discretisation.of(n_continuous=0, block_sizes=[3], num_classes=2, continuous_units=[], bins=8)
+    modules = [GEM(ProductGenerator(level_sizes=disc.levels, latent_dim=4, hidden=[8]), n_continuous=0,
+                   block_sizes=[3], num_classes=2, continuous_units=[], bins=8, batch_size=8, entropy_weight=w)
+               for w in (0.0, 2.0)]
+    for module in modules:
+        module.log = lambda *args, **kwargs: None
+        module.num_rows.fill_(100.0)
+        module.add_measurement((0, 1), torch.tensor([20.0, 10, 30, 5, 25, 10]), 1.0)
+    modules[1].load_state_dict(modules[0].state_dict())
+    torch.manual_seed(0)
+    plain = modules[0].training_step(None, 0)
+    torch.manual_seed(0)
+    spread = modules[1].training_step(None, 0)
+    # the uniform start: every component at log 3 + log 2 nats
+    assert float(plain - spread) == pytest.approx(2.0 * (math.log(3) + math.log(2)), rel=1e-5)
+    with pytest.raises(ConfigError, match="entropy_weight"):
+        GEM.check_schema({"entropy_weight": -1.0}, None)
+
+
+def test_the_label_triples_come_from_label_weighted_gram_matrices():
+    disc = Discretisation.of(n_continuous=0, block_sizes=[3, 4], num_classes=3, continuous_units=[], bins=8)
+    gen = ProductGenerator(level_sizes=disc.levels, latent_dim=4, hidden=[8])
+    torch.nn.init.normal_(gen.out.weight)
+    module = GEM(gen, n_continuous=0, block_sizes=[3, 4], num_classes=3, continuous_units=[], bins=8,
+                 target_triples=True)
+    module.num_rows.fill_(10.0)
+    assert module.cliques[-1] == (0, 1, 2) and module._label_triple((0, 1, 2))
+    torch.manual_seed(5)
+    pair, triple = module.answers([(0, 2), (0, 1, 2)], draws=40, chunk=40)
+    torch.manual_seed(5)
+    expected = mg.product_marginal(module.level_probs(40), (0, 1, 2)).double() * 10.0
+    assert torch.allclose(triple, expected, atol=1e-5) and torch.allclose(triple.view(3, 4, 3).sum(1).flatten(), pair)
