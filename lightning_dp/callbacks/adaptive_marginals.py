@@ -261,60 +261,53 @@ class AdaptiveMarginals(Callback):
         rounds = self.rounds or 16 * columns
         rho = self._rho_budget()
         sigma, epsilon = mg.round_parameters(rho, rounds, selection_fraction=self.selection_fraction)
-        delta_1 = mg.gaussian_l2_sensitivity(1, adjacency=self.ledger.adjacency)
         pairs = self._target_pairs(module)
         if not self.one_way and not pairs:
             raise ConfigError("model=gem: one_way=false needs the label pairs in its place (target_pairs_fraction > 0 "
                               "and a data set with a label). Nothing was released.")
         rho_pairs = self.target_pairs_fraction * rho if pairs else 0.0
-        used = columns / (2 * sigma**2) if self.one_way else 0.0
-        if used + rho_pairs > rho:
+        if (columns / (2 * sigma**2) if self.one_way else 0.0) + rho_pairs > rho:
             raise ConfigError(f"model=gem: the 1-way marginals and the label pairs alone would spend the whole budget "
                               f"with rounds={rounds}; raise model.mechanisms[0].rounds or lower "
                               "target_pairs_fraction. Nothing was released.")
         module.num_rows.fill_(max(float(self.datamodule.released_num_rows), 1.0))
+        used, released = 0.0, []
         if self.one_way:
-            sens = mg.gaussian_l2_sensitivity(columns, adjacency=self.ledger.adjacency)
-            self.ledger.record(Release(
-                name=ONE_WAY, mechanism="gaussian", sensitivity=sens, noise_multiplier=sigma / math.sqrt(columns),
-                note=f"the {columns} 1-way marginals, N(0, (σ₀Δ₁)²) per cell, σ₀ = {sigma:.4g}; Δ = √{columns}·Δ₁ "
-                     f"(a row is in one cell of each, {self.ledger.adjacency})"))
-            noisy = [mech.gaussian_noise(self._exact[(c,)], sensitivity=delta_1, noise_multiplier=sigma,
-                                         generator=self._gen) for c in range(columns)]
-            noisy = self._broadcast(trainer, noisy)
-            for c, values in enumerate(noisy):
-                module.add_measurement((c,), values, sigma * delta_1)
+            used += self._release_block(trainer, module, ONE_WAY, [(c,) for c in range(columns)], sigma,
+                                       what="1-way marginals", symbol="σ₀")
+            released.append(f"the {columns} 1-way marginals")
         if pairs:
-            used += self._release_target_pairs(trainer, module, pairs, rho_pairs)
+            sigma_pairs = math.sqrt(len(pairs) / (2 * rho_pairs))  # the block's cost m/(2σ_L²) is ρ_L
+            used += self._release_block(trainer, module, TARGET_PAIRS, pairs, sigma_pairs,
+                                        what="(column, label) 2-way marginals", symbol="σ_L")
+            released.append(f"the {len(pairs)} label pairs")
         module.start_from_one_way()
         module.rho_total.fill_(rho)
         module.rho_used.fill_(used)
         module.round_sigma.fill_(sigma)
         module.round_epsilon.fill_(epsilon)
         module.round_step.fill_(trainer.global_step)
-        log.info("Released %s%s; the rounds start at σ₀ = %.4g; zCDP budget ρ = %.4g for T = %d rounds; %s",
-                 f"the {columns} 1-way marginals" if self.one_way else "",
-                 (" and " if self.one_way else "") + f"the {len(pairs)} label pairs" if pairs else "", sigma, rho,
-                 rounds, self.ledger.summary())
+        log.info("Released %s; the rounds start at σ₀ = %.4g; zCDP budget ρ = %.4g for T = %d rounds; %s",
+                 " and ".join(released), sigma, rho, rounds, self.ledger.summary())
 
-    def _release_target_pairs(self, trainer: Trainer, module: Any, pairs: list[mg.Clique], rho_pairs: float) -> float:
-        """Release every (column, label) 2-way marginal at zCDP cost ``rho_pairs``; return that cost.
+    def _release_block(self, trainer: Trainer, module: Any, name: str, cliques: list[mg.Clique], sigma: float, *,
+                       what: str, symbol: str) -> float:
+        """Release the marginals of ``cliques`` together, noise std σ·Δ₁ on every cell; return the zCDP cost.
 
-        One Gaussian release of m = C − 1 marginals: L2 sensitivity √m·Δ₁ (a row adds one count to one cell of
-        each marginal; Δ₁ = 1 add/remove, √2 replace-one), noise std σ_L·Δ₁ per cell with σ_L = √(m / (2ρ_L)),
-        so its zCDP ρ is m/(2σ_L²) = ρ_L."""
-        m = len(pairs)
+        One Gaussian release of m marginals: a row adds one count to one cell of each (Δ₁ = 1 add/remove, √2
+        replace-one: one cell −1, another +1), so the L2 sensitivity of the m concatenated marginals is √m·Δ₁
+        (``privacy.marginals.gaussian_l2_sensitivity``) and the noise multiplier is σ/√m; its zCDP ρ is m/(2σ²)."""
+        m = len(cliques)
         delta_1 = mg.gaussian_l2_sensitivity(1, adjacency=self.ledger.adjacency)
-        sigma = math.sqrt(m / (2 * rho_pairs))
         sens = mg.gaussian_l2_sensitivity(m, adjacency=self.ledger.adjacency)
         self.ledger.record(Release(
-            name=TARGET_PAIRS, mechanism="gaussian", sensitivity=sens, noise_multiplier=sigma / math.sqrt(m),
-            note=f"the {m} (column, label) 2-way marginals, N(0, (σ_LΔ₁)²) per cell, σ_L = {sigma:.4g}; Δ = √{m}·Δ₁ "
+            name=name, mechanism="gaussian", sensitivity=sens, noise_multiplier=sigma / math.sqrt(m),
+            note=f"the {m} {what}, N(0, ({symbol}Δ₁)²) per cell, {symbol} = {sigma:.4g}; Δ = √{m}·Δ₁ "
                  f"(a row is in one cell of each, {self.ledger.adjacency})"))
         noisy = [mech.gaussian_noise(self._exact[c], sensitivity=delta_1, noise_multiplier=sigma, generator=self._gen)
-                 for c in pairs]
+                 for c in cliques]
         noisy = self._broadcast(trainer, noisy)
-        for clique, values in zip(pairs, noisy, strict=True):
+        for clique, values in zip(cliques, noisy, strict=True):
             module.add_measurement(clique, values, sigma * delta_1)
         return m / (2 * sigma**2)
 
