@@ -40,6 +40,12 @@ MAX_LEVELS = 8192  # levels of all columns together: the fit and the count pass 
 GROWING = ("meas_cliques", "meas_sigma", "meas_offsets", "meas_values", "pending_before")
 
 
+def minmax_levels(values: int, bins: int) -> int:
+    """Levels of a min-max continuous column with ``values`` integer values in its public range (0: real-valued):
+    one per value when they are at most ``bins``, else ``bins`` equal-width bins and a level for each bound."""
+    return values if 0 < values <= bins else bins + 2
+
+
 @dataclass(frozen=True)
 class Discretisation:
     """How each continuous column maps to levels: ``exact`` (one level per integer value), binned, or not at all
@@ -61,7 +67,7 @@ class Discretisation:
             values = round(1.0 / unit) + 1 if unit > 0 and not cell else 0  # integer values in the public range
             exact.append(0 < values <= bins)
             if not cell:
-                levels.append(values if 0 < values <= bins else bins + 2)
+                levels.append(minmax_levels(values, bins))
         levels += [int(b) for b in block_sizes] + ([int(num_classes)] if num_classes > 1 else [])
         return cls(tuple(levels), tuple(exact), int(bins), tuple(cells) if any(cells) else ())
 
@@ -234,7 +240,7 @@ class GEM(GeneratorModule):
 
         def minmax(c: Any) -> list[int]:
             values = int(c.bounds[1] - c.bounds[0]) + 1 if c.integer and c.bounds is not None else 0
-            return [values if 0 < values <= bins else bins + 2] + ([2] if c.missing else [])
+            return [minmax_levels(values, bins)] + ([2] if c.missing else [])
 
         def layout(released: bool) -> list[int]:
             levels: list[int] = []
@@ -398,8 +404,8 @@ class GEM(GeneratorModule):
             flat = torch.cat(probs, 1)  # (b, K)
             part = (flat.T @ flat).double()  # (K, K): every 2-way marginal at once, summed over the draws
             gram = part if gram is None else gram + part
-            if labelled:  # one (K, K) product per label level: memory flat in the levels
-                part = torch.stack([((flat * p).T @ flat).double() for p in probs[-1].T.unsqueeze(2)])
+            if labelled:
+                part = label_grams(flat, probs[-1]).double()
                 triples = part if triples is None else triples + part
             for c in cliques:
                 if len(c) != 2 and not self._label_triple(c):
@@ -425,17 +431,20 @@ class GEM(GeneratorModule):
         """A triple (a, b, label): the label is the last column, so it is the clique's last."""
         return len(clique) == 3 and self.num_classes > 1 and clique[2] == len(self.levels) - 1
 
-    def _fit_targets(self) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, list[tuple[Clique, Tensor, float]]]:
+    def _fit_targets(self) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor | None, Tensor | None,
+                                    list[tuple[Clique, Tensor, float]]]:
         """The pooled measurements as proportions: 1-way targets and weights (K,), 2-way ones as (K, K) blocks of
         the Gram matrix (weight 0 where nothing was measured), the triples (a, b, label) as (k_label, K, K) blocks
-        of the label-weighted Gram matrices, and the other larger cliques apart."""
+        of the label-weighted Gram matrices (None when no such triple was measured: k_label·K² of memory spared),
+        and the other larger cliques apart."""
         n, o, size = float(self.num_rows), self.offsets, self.offsets[-1]
         one, one_w = torch.zeros(size, dtype=torch.float64), torch.zeros(size, dtype=torch.float64)
         two, two_w = torch.zeros(size, size, dtype=torch.float64), torch.zeros(size, size, dtype=torch.float64)
-        k = self.levels[-1] if self.num_classes > 1 else 0
+        pooled = self.pooled()
+        k = self.levels[-1] if any(self._label_triple(c) for c, _, _ in pooled) else 0
         three, three_w = torch.zeros(k, size, size, dtype=torch.float64), torch.zeros(k, size, size, dtype=torch.float64)
         rest = []
-        for clique, y, precision in self.pooled():
+        for clique, y, precision in pooled:
             y, w = y.cpu() / n, precision * n**2
             if len(clique) == 1:
                 (c,) = clique
@@ -452,8 +461,10 @@ class GEM(GeneratorModule):
             else:
                 rest.append((clique, y.to(self.device, torch.float32), w))
         dev = self.device
+        if k:
+            three, three_w = three.to(dev, torch.float32), three_w.to(dev, torch.float32)
         return (one.to(dev, torch.float32), one_w.to(dev, torch.float32), two.to(dev, torch.float32),
-                two_w.to(dev, torch.float32), three.to(dev, torch.float32), three_w.to(dev, torch.float32), rest)
+                two_w.to(dev, torch.float32), three if k else None, three_w if k else None, rest)
 
     def training_step(self, batch: Any, batch_idx: int) -> Tensor:
         if not self.is_released():
@@ -469,10 +480,9 @@ class GEM(GeneratorModule):
         gram, gram_sq = flat.T @ flat / b, squares.T @ squares / b  # (K, K): every 2-way marginal of the mixture
         loss = 0.5 * (two_w * unbiased_square_loss(gram, gram_sq, two, b)).sum()
         loss = loss + 0.5 * (one_w * unbiased_square_loss(flat.mean(0), squares.mean(0), one, b)).sum()
-        if bool(three_w.any()):  # every (a, b, label) triple at once: one Gram matrix per label level
-            label, label_sq = probs[-1].T.unsqueeze(2), probs[-1].square().T.unsqueeze(2)  # (k, B, 1)
-            grams = (flat * label).transpose(1, 2) @ flat / b  # (k, K, K)
-            grams_sq = (squares * label_sq).transpose(1, 2) @ squares / b
+        if three is not None:  # every (a, b, label) triple at once: one Gram matrix per label level
+            grams = label_grams(flat, probs[-1]) / b  # (k, K, K)
+            grams_sq = label_grams(squares, probs[-1].square()) / b
             loss = loss + 0.5 * (three_w * unbiased_square_loss(grams, grams_sq, three, b)).sum()
         for clique, target, weight in rest:
             mean, mean_sq = product_marginal(probs, clique), product_marginal([p.square() for p in probs], clique)
@@ -524,6 +534,17 @@ def unbiased_square_loss(mean: Tensor, mean_sq: Tensor, target: Tensor, draws: i
     ``mean_sq`` is the same marginal of the squared probabilities.
     """
     return (draws * mean.square() - mean_sq) / (draws - 1) - 2 * target * mean + target.square()
+
+
+def label_grams(flat: Tensor, label: Tensor) -> Tensor:
+    """``Σ_z label[z, l] · flat[z] ⊗ flat[z]`` for every label level l, (k, K, K): every (a, b, label) triple's
+    marginal of the draws' products at once, one (K, K) product per level (memory flat in the levels).
+
+    Args:
+        flat: (B, K) every column's level probabilities of each draw, side by side.
+        label: (B, k) the label's level probabilities of each draw.
+    """
+    return torch.stack([(flat * label[:, [level]]).T @ flat for level in range(label.shape[1])])
 
 
 def component_entropy(probs: Sequence[Tensor]) -> Tensor:
