@@ -150,7 +150,7 @@ class AdaptiveMarginals(Callback):
                               f"{node.get('anneal')!r}.")
 
     @staticmethod
-    def check_plan(node: Mapping[str, Any], module_cls: Any, module_cfg: Mapping[str, Any], schema: Any, *,
+    def check_plan(node: Mapping[str, Any], module_cls: Any, module_cfg: Mapping[str, Any], schema: Any,
                    data: Mapping[str, Any] | None = None) -> None:
         """Refuse, before any release, a first release that would leave no budget for the rounds: with AIM's σ
         (Alg. 1, line 3) the 1-way marginals cost ``C·(1−f)·ρ/T`` of ρ for C discretised columns, and the label

@@ -7,7 +7,6 @@ A model config (the ``model`` group from Hydra, or its copy saved in a checkpoin
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Mapping
 from typing import Any
 
@@ -48,11 +47,11 @@ def _taken(cls: type, layout: dict[str, Any]) -> dict[str, Any]:
 
 def check_data(model_cfg: Any, schema: Any, data_cfg: Mapping[str, Any] | None = None) -> None:
     """The model's own checks of the (public) schema, before any release: image data is refused for a module class
-    with ``tabular_only = True``; ``Module.check_schema(module_cfg, schema)`` where the class has one (``schema`` is
-    None for images), and ``Mechanism.check_settings(node)`` and ``Mechanism.check_plan(node, module_cls, module_cfg,
-    schema)`` for each mechanism class that has them (its settings, which are otherwise checked only when it is
-    built, after the row count's release; its budget plan where the schema fixes it). A hook that takes ``data=``
-    also gets the run's data settings ``data_cfg`` (e.g. its representation, which decides GEM's levels).
+    with ``tabular_only = True``; ``Module.check_schema(module_cfg, schema, data)`` where the class has one
+    (``schema`` is None for images), and ``Mechanism.check_settings(node)`` and ``Mechanism.check_plan(node,
+    module_cls, module_cfg, schema, data)`` for each mechanism class that has them (its settings, which are
+    otherwise checked only when it is built, after the row count's release; its budget plan where the schema fixes
+    it). ``data`` is the run's data settings ``data_cfg`` (e.g. its representation, which decides GEM's levels).
 
     Raises:
         ConfigError: the model cannot be trained on this data (the message names the setting and the fix).
@@ -65,7 +64,7 @@ def check_data(model_cfg: Any, schema: Any, data_cfg: Mapping[str, Any] | None =
                           "data=adult).")
     check = getattr(module_cls, "check_schema", None)
     if check is not None:
-        check(cfg["module"], schema, **_data_keyword(check, data_cfg))
+        check(cfg["module"], schema, data_cfg)
     for i, node in enumerate(cfg.get("mechanisms") or []):
         mechanism_cls = resolve(node["_target_"], expected="mechanism", where=f"model.mechanisms[{i}]")
         settings = {k: v for k, v in node.items() if k != "_target_"}
@@ -74,12 +73,7 @@ def check_data(model_cfg: Any, schema: Any, data_cfg: Mapping[str, Any] | None =
             check_settings(settings)
         check_plan = getattr(mechanism_cls, "check_plan", None)
         if check_plan is not None and schema is not None:
-            check_plan(settings, module_cls, cfg["module"], schema, **_data_keyword(check_plan, data_cfg))
-
-
-def _data_keyword(hook: Any, data_cfg: Mapping[str, Any] | None) -> dict[str, Any]:
-    """``{"data": data_cfg}`` for a check hook that declares a ``data`` parameter, else nothing."""
-    return {"data": data_cfg} if "data" in inspect.signature(hook).parameters else {}
+            check_plan(settings, module_cls, cfg["module"], schema, data_cfg)
 
 
 def minmax_columns(model_cfg: Any, schema: Any) -> list[str]:

@@ -277,7 +277,7 @@ class GEM(GeneratorModule):
                               f"{MAX_CLIQUE_CELLS:,}. {fix}, or set model.module.degree=2.")
 
     @staticmethod
-    def check_schema(module_cfg: Mapping[str, Any], schema: Any, *, data: Mapping[str, Any] | None = None) -> None:
+    def check_schema(module_cfg: Mapping[str, Any], schema: Any, data: Mapping[str, Any] | None = None) -> None:
         """Refuse settings out of range and a workload that may not fit in memory, before any release: every way
         the releases can end (:meth:`possible_levels`, upper bounds) must fit.
 

@@ -66,7 +66,7 @@ class RowMMDModule(GeneratorModule):
         return {**layout, "block_sizes": [*layout["block_sizes"], layout["num_classes"]], "num_classes": 1}
 
     @classmethod
-    def check_schema(cls, module_cfg: Mapping[str, Any], schema: Any) -> None:
+    def check_schema(cls, module_cfg: Mapping[str, Any], schema: Any, data: Mapping[str, Any] | None = None) -> None:
         """Refuse settings and weights that cannot apply to this (public) schema, before any release."""
         standardize = module_cfg.get("standardize", "data")
         if standardize not in STANDARDIZE:

@@ -110,7 +110,7 @@ class PerturbedHistogram(GeneratorModule):
         self.automatic_optimization = False
 
     @staticmethod
-    def check_schema(module_cfg: Mapping[str, Any], schema: Any) -> None:
+    def check_schema(module_cfg: Mapping[str, Any], schema: Any, data: Mapping[str, Any] | None = None) -> None:
         """Refuse settings out of range, before any release (images: ``tabular_only``).
 
         Raises:

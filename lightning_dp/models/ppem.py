@@ -207,7 +207,7 @@ class PPEM(GeneratorModule):
         self.register_buffer("energy_steps_done", torch.zeros((), dtype=torch.long))  # across epochs and resumes
 
     @staticmethod
-    def check_schema(module_cfg: dict[str, Any], schema: Any) -> None:
+    def check_schema(module_cfg: dict[str, Any], schema: Any, data: Mapping[str, Any] | None = None) -> None:
         """Refuse sensitive columns PPEM cannot protect, before any release (:func:`check_sensitive`; images:
         ``tabular_only``)."""
         sensitive = list(module_cfg.get("sensitive") or [])
