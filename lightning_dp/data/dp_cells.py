@@ -53,6 +53,7 @@ log = logging.getLogger(__name__)
 GRID = 64  # intervals of the fine grid (half equally spaced in x, half in asinh(x))
 MAX_POINTS = 128  # an integer column with at most this many values has one grid point per value
 DEFAULT_BINS = 20  # quantile bins of a column whose schema says neither bins: [edges] nor bins: K
+FALLBACK_BINS = 10  # at most this many equal-width bins when the rows are too few for the release
 
 
 @dataclass(frozen=True)
@@ -180,7 +181,7 @@ def release_cells(df: pd.DataFrame, schema: Schema, ledger: PrivacyLedger, *, ep
     sigma = PrivacyLedger(target_epsilon=epsilon, delta=ledger.delta).calibrate(gauss)
     columns = {c.name: c for c in schema.columns}
     if num_rows < 4.0 * sigma * sens * math.sqrt(GRID):
-        fallback, minmax = min(bins, 10), []
+        fallback, minmax = min(bins, FALLBACK_BINS), []
         for c in todo:
             if c.spikes is None and c.bins is None:
                 minmax.append(c.name)
@@ -219,9 +220,9 @@ def declared_spikes(column: Column) -> int:
 
 
 def _bins_cap(column: Column, k: int) -> int:
-    """At most ``k`` bins; an integer column with public bounds has integer edges, so at most ``hi − lo``."""
+    """At most ``k`` bins; an integer column with public bounds has integer edges (:func:`uniform_edges`' count)."""
     if column.integer and column.bounds is not None:
-        return min(k, max(1, int(column.bounds[1] - column.bounds[0])))
+        return len(uniform_edges(*column.bounds, k, integer=True)) - 1
     return k
 
 
@@ -277,5 +278,5 @@ def cells_without_release(column: Column, *, bins: int = DEFAULT_BINS) -> int | 
     if isinstance(column.bins, list):
         n_bins = len(column.bins) - 1
     else:
-        n_bins = _bins_cap(column, column.bins if isinstance(column.bins, int) else min(bins, 10))
+        n_bins = _bins_cap(column, column.bins if isinstance(column.bins, int) else min(bins, FALLBACK_BINS))
     return spikes + n_bins + int(column.missing)
