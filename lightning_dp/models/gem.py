@@ -19,6 +19,7 @@ imputed missing value).
 from __future__ import annotations
 
 import itertools
+import logging
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -34,10 +35,15 @@ from lightning_dp.errors import ConfigError
 from lightning_dp.models.base import GeneratorModule
 from lightning_dp.privacy.marginals import Clique, clique_size, product_marginal, workload
 
+log = logging.getLogger(__name__)
+
 MAX_CLIQUE_CELLS = 2**22  # cells of the largest workload marginal (8 bytes a cell, several copies in memory)
 MAX_LEVELS = 8192  # levels of all columns together: the fit and the count pass hold (levels)² Gram matrices
 # variable-size buffers: their size is known only after the releases (``_load_from_state_dict``)
-GROWING = ("meas_cliques", "meas_sigma", "meas_offsets", "meas_values", "pending_before")
+GROWING = ("meas_cliques", "meas_sigma", "meas_offsets", "meas_values", "pending_before", "head_cliques", "head_offsets",
+           "head_weights")
+HEAD = ("head_cliques", "head_offsets", "head_weights", "head_bias", "head_fitted")  # absent from older checkpoints
+HEAD_DRAWS = 65536  # generated rows the label head is fitted on
 
 
 def minmax_levels(values: int, bins: int) -> int:
@@ -171,11 +177,11 @@ class GEM(GeneratorModule):
                  num_classes: int = 1, continuous_units: Sequence[float] | None = None,
                  continuous_cells: Sequence[bool] | None = None, bins: int = 32,
                  degree: int = 2, target_weight: float = 1.0, target_triples: bool = False,
-                 entropy_weight: float = 0.0, batch_size: int = 1024, steps_per_epoch: int = 1000,
-                 lr: float = 1e-3) -> None:
+                 entropy_weight: float = 0.0, label_head: bool = False, batch_size: int = 1024,
+                 steps_per_epoch: int = 1000, lr: float = 1e-3) -> None:
         super().__init__()
         check_settings(bins=bins, degree=degree, target_weight=target_weight, batch_size=batch_size,
-                       steps_per_epoch=steps_per_epoch, lr=lr, entropy_weight=entropy_weight)
+                       steps_per_epoch=steps_per_epoch, lr=lr, entropy_weight=entropy_weight, label_head=label_head)
         self.save_hyperparameters(ignore=["generator"])
         self.generator = generator
         self.block_sizes = [int(b) for b in block_sizes]
@@ -206,6 +212,13 @@ class GEM(GeneratorModule):
         self.register_buffer("finish_step", torch.tensor(0, dtype=torch.long))
         self.register_buffer("pending_clique", torch.tensor(-1, dtype=torch.long))  # index into self.cliques
         self.register_buffer("pending_before", torch.zeros(0, dtype=torch.float64))
+        # the label head (:meth:`fit_label_head`): per measured label clique, a (levels of its other columns, k)
+        # table of log-odds, flat; fitted once the measurements are final
+        self.register_buffer("head_cliques", torch.zeros(0, 3, dtype=torch.long))
+        self.register_buffer("head_offsets", torch.zeros(1, dtype=torch.long))
+        self.register_buffer("head_weights", torch.zeros(0, dtype=torch.float64))
+        self.register_buffer("head_bias", torch.zeros(max(num_classes, 1), dtype=torch.float64))
+        self.register_buffer("head_fitted", torch.tensor(False))
 
     # ---------------------------------------------------------------- layout (public)
     @staticmethod
@@ -284,10 +297,13 @@ class GEM(GeneratorModule):
         Raises:
             ConfigError: the first problem, with the setting to change.
         """
-        keys = ("bins", "degree", "target_weight", "batch_size", "steps_per_epoch", "lr", "entropy_weight")
+        keys = ("bins", "degree", "target_weight", "batch_size", "steps_per_epoch", "lr", "entropy_weight", "label_head")
         check_settings(**{k: module_cfg[k] for k in keys if k in module_cfg})
         if schema is None:
             return
+        if module_cfg.get("label_head") and schema.label is None:
+            raise ConfigError("model.module.label_head models the label given the other columns; this data set has no "
+                              "label column. Set model.module.label_head=false or declare the label in the schema.")
         layouts = GEM.possible_levels(module_cfg, schema, data)
         if min(len(levels) for levels in layouts) < 2:
             raise ConfigError("model=gem models the dependence between columns; the data set needs at least two "
@@ -351,13 +367,19 @@ class GEM(GeneratorModule):
             p = (y / float(self.num_rows)).clamp_min(1e-3)
             out.bias[o[c] : o[c + 1]] = (p / p.sum()).log().to(out.bias)
 
-    def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any, **kwargs: Any) -> None:
-        """The measurements' sizes are known only after the releases: take the saved ones before loading them."""
+    def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, local_metadata: Any, strict: bool,
+                              missing_keys: list[str], *args: Any, **kwargs: Any) -> None:
+        """The measurements' sizes are known only after the releases: take the saved ones before loading them. A
+        checkpoint written before the label head existed has none of its buffers: it samples as it did (the
+        generator's own label)."""
         for name in GROWING:
             saved = state_dict.get(prefix + name)
             if isinstance(saved, Tensor):
                 setattr(self, name, torch.empty_like(saved, device=self.num_rows.device))
-        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+        before = len(missing_keys)
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, *args, **kwargs)
+        if not any(prefix + name in state_dict for name in HEAD):
+            missing_keys[before:] = [k for k in missing_keys[before:] if k[len(prefix):] not in HEAD]
 
     def pooled(self) -> list[tuple[Clique, Tensor, float]]:
         """Measurements pooled per clique: the precision-weighted mean and its precision Σ 1/s² (same least
@@ -495,6 +517,21 @@ class GEM(GeneratorModule):
             loss = loss - self.hparams.entropy_weight * entropy
         return loss
 
+    def on_train_end(self) -> None:
+        """Fit the label head (``label_head``) to the measurements as they stand, before the run's last checkpoint;
+        under DDP every rank keeps rank 0's head."""
+        if not self.hparams.label_head or not self.is_released():
+            return
+        loss = self.fit_label_head()
+        trainer = self._trainer
+        if trainer is not None and trainer.world_size > 1:
+            head = trainer.strategy.broadcast({name: getattr(self, name).cpu() for name in HEAD}, src=0)
+            for name, value in head.items():
+                setattr(self, name, value.to(self.num_rows.device))
+        log.info("Label head fitted to the %d measured marginals that hold the label and other columns (weighted "
+                 "squared error %.3g).",
+                 len(self.head_cliques), loss)
+
     def set_lr_fraction(self, fraction: float) -> None:
         """Set the optimiser's learning rate to ``fraction · lr`` (the mechanism's final-fit schedule; a function
         of the step counters, so a resumed run continues the same schedule)."""
@@ -507,6 +544,107 @@ class GEM(GeneratorModule):
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.Adam(self.generator.parameters(), lr=self.hparams.lr)
 
+    # ---------------------------------------------------------------- the label head (post-processing)
+    def _draw_codes(self, n: int) -> Tensor:
+        """``n`` rows of levels drawn from the generator's mixture, (n, C) int64."""
+        return torch.stack([torch.multinomial(p, 1).squeeze(1) for p in self.level_probs(n)], 1)
+
+    def _head_index(self, codes: Tensor, clique: Clique) -> Tensor:
+        """Each row's cell of ``clique`` without its last column (the label): a feature's row of the head's table."""
+        index = torch.zeros(len(codes), dtype=torch.long, device=codes.device)
+        for c in clique[:-1]:
+            index = index * self.levels[c] + codes[:, c]
+        return index
+
+    def _head_logits(self, codes: Tensor, tables: Sequence[Tensor], bias: Tensor) -> Tensor:
+        """The head's label log-odds of each row of ``codes``, (n, k): ``bias + Σ_r tables[r][cell_r(x)]``."""
+        logits = bias.expand(len(codes), -1)
+        for row, table in zip(self.head_cliques.tolist(), tables, strict=True):
+            logits = logits + table[self._head_index(codes, tuple(c for c in row if c >= 0))]
+        return logits
+
+    def _head_tables(self) -> list[Tensor]:
+        sizes = [int(e - s) for s, e in zip(self.head_offsets[:-1], self.head_offsets[1:], strict=True)]
+        return [t.view(-1, self.num_classes) for t in torch.split(self.head_weights, sizes)]
+
+    def fit_label_head(self, *, draws: int = HEAD_DRAWS, seed: int = 0, max_iter: int = 200) -> float:
+        """Fit the label head: ``P(y | x) ∝ exp(b_y + Σ_r θ_r[x_{C_r}, y])`` over the generated rows x, one table
+        θ_r per measured clique C_r ∪ {label} (a column, or a pair of columns under label triples).
+
+        This is the log-linear form that a graphical model fitted to the same measurements gives the label's
+        conditional (Private-PGM's estimate, "Graphical-model based estimation and inference for differential
+        privacy", McKenna, Sheldon & Miklau 2019, which AIM samples from): the label's log-odds add up over the
+        measured cliques that hold it. The generator's mixture fits those measurements too, but leaves P(y | x) to
+        its map from the latent draw, which ends nearly deterministic. The tables are fitted as Private-PGM fits its
+        potentials, by the Gaussian likelihood of the measurements (the pooled ones, weighted by their precision,
+        as in :meth:`training_step`): each measured label marginal of ``draws`` rows x of the generator, labelled
+        by the head, against its release. Post-processing: the releases and the generator's draws, never rows.
+        The draw is seeded (``seed``), so every DDP rank fits the same head. L-BFGS from zero tables and the
+        released label share's log as the bias.
+
+        Returns:
+            the fitted loss (the measurements' weighted squared error, per unit weight).
+        """
+        label = len(self.levels) - 1
+        k = self.num_classes
+        n = float(self.num_rows)
+        measured = [(c, (y / n).to(self.device), w) for c, y, w in self.pooled() if k > 1 and c[-1] == label]
+        if not measured:
+            return float("nan")
+        cliques = [c for c, _, _ in measured if len(c) > 1]
+        with torch.random.fork_rng(devices=[] if self.device.type == "cpu" else [self.device]):
+            torch.manual_seed(seed)
+            with torch.no_grad():
+                codes = self._draw_codes(draws)
+        sizes = [math.prod(self.levels[c] for c in clique[:-1]) for clique in cliques]
+        index = {clique: self._head_index(codes, clique) for clique in cliques}
+        share = next((y for c, y, _ in measured if len(c) == 1), None)
+        if share is None:  # the label share held by the first measured pair
+            c, y, _ = measured[0]
+            share = y.view(-1, k).sum(0)
+        dtype = torch.float64
+        bias = share.clamp_min(1e-3).log().to(dtype).clone().requires_grad_(True)
+        tables = [torch.zeros(size, k, dtype=dtype, device=self.device, requires_grad=True) for size in sizes]
+        total = sum(w * y.numel() for _, y, w in measured)
+
+        def loss_fn() -> Tensor:
+            logits = bias.expand(draws, -1)
+            for clique, table in zip(cliques, tables, strict=True):
+                logits = logits + table[index[clique]]
+            p = torch.softmax(logits, 1)  # (draws, k)
+            loss = torch.zeros((), dtype=dtype, device=self.device)
+            for clique, y, w in measured:
+                if len(clique) == 1:
+                    m = p.mean(0)
+                else:
+                    size = sizes[cliques.index(clique)]
+                    m = torch.zeros(size, k, dtype=dtype, device=self.device).index_add_(0, index[clique], p) / draws
+                loss = loss + w * (m.flatten() - y.to(dtype)).square().sum()
+            return 0.5 * loss / total
+
+        opt = torch.optim.LBFGS([bias, *tables], lr=1.0, max_iter=max_iter, line_search_fn="strong_wolfe",
+                                tolerance_grad=1e-10, tolerance_change=1e-14, history_size=20)
+
+        def closure() -> Tensor:
+            opt.zero_grad()
+            loss = loss_fn()
+            loss.backward()
+            return loss
+
+        with torch.enable_grad():
+            opt.step(closure)
+        with torch.no_grad():
+            final = float(loss_fn())
+        dev = self.head_weights.device
+        rows = [list(c) + [-1] * (3 - len(c)) for c in cliques]
+        self.head_cliques = torch.tensor(rows, dtype=torch.long, device=dev).view(-1, 3)
+        self.head_offsets = torch.tensor([0, *itertools.accumulate(s * k for s in sizes)], dtype=torch.long, device=dev)
+        self.head_weights = torch.cat([t.detach().flatten() for t in tables]).to(dev) if tables else \
+            torch.zeros(0, dtype=torch.float64, device=dev)
+        self.head_bias = bias.detach().to(dev)
+        self.head_fitted.fill_(True)
+        return final
+
     # ---------------------------------------------------------------- sampling (post-processing)
     def _sample(self, n: int, labels: Tensor | None) -> tuple[Tensor, Tensor]:
         if labels is not None:
@@ -514,7 +652,10 @@ class GEM(GeneratorModule):
         if not self.is_released():
             raise CheckpointError("This model holds no released marginals: there is nothing to sample; train a "
                                   "new run.")
-        codes = torch.stack([torch.multinomial(p, 1).squeeze(1) for p in self.level_probs(n)], 1)  # (n, C)
+        codes = self._draw_codes(n)  # (n, C)
+        if bool(self.head_fitted):
+            logits = self._head_logits(codes, self._head_tables(), self.head_bias)
+            codes[:, -1] = torch.multinomial(torch.softmax(logits.float(), 1), 1).squeeze(1)
         d = self.discretisation.n_modelled
         parts = [self.discretisation.values(codes[:, :d])]
         for i, size in enumerate(self.block_sizes):
@@ -554,7 +695,8 @@ def component_entropy(probs: Sequence[Tensor]) -> Tensor:
 
 
 def check_settings(*, bins: Any = 32, degree: Any = 2, target_weight: Any = 1.0, batch_size: Any = 1024,
-                   steps_per_epoch: Any = 1000, lr: Any = 1e-3, entropy_weight: Any = 0.0) -> None:
+                   steps_per_epoch: Any = 1000, lr: Any = 1e-3, entropy_weight: Any = 0.0,
+                   label_head: Any = False) -> None:
     """The module's settings, checked before any release.
 
     Raises:
@@ -581,3 +723,5 @@ def check_settings(*, bins: Any = 32, degree: Any = 2, target_weight: Any = 1.0,
     if entropy_weight != 0 and not positive(entropy_weight):
         raise ConfigError(f"model.module.entropy_weight must be a number >= 0 (0: no entropy term), got "
                           f"{entropy_weight!r}.")
+    if not isinstance(label_head, bool):
+        raise ConfigError(f"model.module.label_head must be true or false, got {label_head!r}.")
