@@ -71,8 +71,10 @@ CONFIGS = {
              "model.module.latent_dim=16", "model.module.batch_size=32", "model.module.fourier=16",
              "data.batch_size=64", "trainer.max_epochs=1"],
     # GEM: AIM-style rounds (exponential-mechanism selections, Gaussian measurements) between generator fits, after
-    # a first block of the 1-way marginals and every (column, label) pair
+    # a first block of the 1-way marginals and every (column, label) pair; the label head fitted to them (its tables
+    # are in the checkpoint, its loss in train.log)
     "gem": ["model=gem", "model.module.bins=4", "model.module.batch_size=64", "model.module.steps_per_epoch=30",
+            "model.module.label_head=true",
             "model.generator.hidden=[16]", "model.mechanisms.0.rounds=40", "model.mechanisms.0.steps_per_round=2",
             "model.mechanisms.0.final_steps=3", "model.mechanisms.0.target_pairs_fraction=0.15",
             "trainer.max_epochs=1"],

@@ -44,6 +44,7 @@ GROWING = ("meas_cliques", "meas_sigma", "meas_offsets", "meas_values", "pending
            "head_weights")
 HEAD = ("head_cliques", "head_offsets", "head_weights", "head_bias", "head_fitted")  # absent from older checkpoints
 HEAD_DRAWS = 65536  # generated rows the label head is fitted on
+HEAD_PRIOR_STD = 1.0  # the head's log-odds tables: a N(0, HEAD_PRIOR_STD²) prior on each entry
 
 
 def minmax_levels(values: int, bins: int) -> int:
@@ -567,7 +568,8 @@ class GEM(GeneratorModule):
         sizes = [int(e - s) for s, e in zip(self.head_offsets[:-1], self.head_offsets[1:], strict=True)]
         return [t.view(-1, self.num_classes) for t in torch.split(self.head_weights, sizes)]
 
-    def fit_label_head(self, *, draws: int = HEAD_DRAWS, seed: int = 0, max_iter: int = 200) -> float:
+    def fit_label_head(self, *, draws: int = HEAD_DRAWS, seed: int = 0, max_iter: int = 200,
+                       prior_std: float = HEAD_PRIOR_STD) -> float:
         """Fit the label head: ``P(y | x) ∝ exp(b_y + Σ_r θ_r[x_{C_r}, y])`` over the generated rows x, one table
         θ_r per measured clique C_r ∪ {label} (a column, or a pair of columns under label triples).
 
@@ -588,7 +590,7 @@ class GEM(GeneratorModule):
         label = len(self.levels) - 1
         k = self.num_classes
         n = float(self.num_rows)
-        measured = [(c, (y / n).to(self.device), w) for c, y, w in self.pooled() if k > 1 and c[-1] == label]
+        measured = [(c, (y / n).to(self.device), w * n**2) for c, y, w in self.pooled() if k > 1 and c[-1] == label]
         if not measured:
             return float("nan")
         cliques = [c for c, _, _ in measured if len(c) > 1]
@@ -603,15 +605,17 @@ class GEM(GeneratorModule):
             c, y, _ = measured[0]
             share = y.view(-1, k).sum(0)
         dtype = torch.float64
-        bias = share.clamp_min(1e-3).log().to(dtype).clone().requires_grad_(True)
-        tables = [torch.zeros(size, k, dtype=dtype, device=self.device, requires_grad=True) for size in sizes]
-        total = sum(w * y.numel() for _, y, w in measured)
+        share = share.clamp_min(1e-3).log().to(dtype)
+        bias = (share[1:] - share[0]).clone().requires_grad_(True)  # class 0 is the reference: its log-odds are 0
+        tables = [torch.zeros(size, k - 1, dtype=dtype, device=self.device, requires_grad=True) for size in sizes]
+        cells = sum(y.numel() for _, y, _ in measured)
+        zero = torch.zeros(draws, 1, dtype=dtype, device=self.device)
 
         def loss_fn() -> Tensor:
             logits = bias.expand(draws, -1)
             for clique, table in zip(cliques, tables, strict=True):
                 logits = logits + table[index[clique]]
-            p = torch.softmax(logits, 1)  # (draws, k)
+            p = torch.softmax(torch.cat([zero, logits], 1), 1)  # (draws, k)
             loss = torch.zeros((), dtype=dtype, device=self.device)
             for clique, y, w in measured:
                 if len(clique) == 1:
@@ -620,7 +624,8 @@ class GEM(GeneratorModule):
                     size = sizes[cliques.index(clique)]
                     m = torch.zeros(size, k, dtype=dtype, device=self.device).index_add_(0, index[clique], p) / draws
                 loss = loss + w * (m.flatten() - y.to(dtype)).square().sum()
-            return 0.5 * loss / total
+            prior = sum(t.square().sum() for t in tables) / prior_std**2 if tables else 0.0
+            return 0.5 * (loss + prior) / cells
 
         opt = torch.optim.LBFGS([bias, *tables], lr=1.0, max_iter=max_iter, line_search_fn="strong_wolfe",
                                 tolerance_grad=1e-10, tolerance_change=1e-14, history_size=20)
@@ -639,9 +644,10 @@ class GEM(GeneratorModule):
         rows = [list(c) + [-1] * (3 - len(c)) for c in cliques]
         self.head_cliques = torch.tensor(rows, dtype=torch.long, device=dev).view(-1, 3)
         self.head_offsets = torch.tensor([0, *itertools.accumulate(s * k for s in sizes)], dtype=torch.long, device=dev)
-        self.head_weights = torch.cat([t.detach().flatten() for t in tables]).to(dev) if tables else \
+        pad = [F.pad(t.detach(), (1, 0)) for t in tables]  # (size, k): class 0's column of zeros
+        self.head_weights = torch.cat([t.flatten() for t in pad]).to(dev) if tables else \
             torch.zeros(0, dtype=torch.float64, device=dev)
-        self.head_bias = bias.detach().to(dev)
+        self.head_bias = F.pad(bias.detach(), (1, 0)).to(dev)
         self.head_fitted.fill_(True)
         return final
 

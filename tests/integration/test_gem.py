@@ -101,13 +101,16 @@ def test_the_label_pairs_can_replace_the_one_way_marginals(tmp_path, single_thre
                             "model.generator.hidden=[16]", "model.mechanisms.0.rounds=64",
                             "model.mechanisms.0.steps_per_round=2", "model.mechanisms.0.final_steps=3",
                             "model.mechanisms.0.target_pairs_fraction=0.3", "model.mechanisms.0.one_way=false",
-                            "model.mechanisms.0.answer_draws=1024"))
+                            "model.mechanisms.0.answer_draws=1024", "model.module.label_head=true"))
     ledger = json.loads(Path(result["ledger"]).read_text())
     assert names(result)[:3] == ["data/num_rows", "gem/target_pairs", "gem/round_0001/select"]
     assert ledger["epsilon"] <= 1.0 and ledger["epsilon"] == pytest.approx(1.0, rel=1e-3)
     model = load_run(result["checkpoint"]).model
     label = len(model.levels) - 1
     assert [c for c, _, _ in model.measured()][:label] == [(c, label) for c in range(label)]
+    # the label head, post-processing of these releases (none of its own), is in the run's last checkpoint
+    heads = {tuple(c for c in row if c >= 0) for row in model.head_cliques.tolist()}
+    assert bool(model.head_fitted) and heads == {c for c, _, _ in model.measured() if len(c) > 1 and c[-1] == label}
     with pytest.raises(ConfigError, match="no label; set model.mechanisms.0..one_way=true"):
         train(make_cfg(tmp_path / "refused", *TINY, "model.mechanisms.0.target_pairs_fraction=0.3",
                        "model.mechanisms.0.one_way=false"))
@@ -184,9 +187,11 @@ def test_two_process_ddp_releases_each_round_once(tmp_path):
     from tests.conftest import ROOT
 
     out = tmp_path / "ddp"
-    proc = subprocess.run([sys.executable, "train.py", *TINY, "trainer=ddp", "trainer.accelerator=cpu",
-                           "trainer.devices=2", "trainer.max_epochs=1", "trainer.enable_progress_bar=false",
-                           f"output_dir={out}"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run([sys.executable, "train.py", *TINY, "data=breast_cancer", "model.module.bins=3",
+                           "model.mechanisms.0.rounds=64", "model.module.label_head=true", "trainer=ddp",
+                           "trainer.accelerator=cpu", "trainer.devices=2", "trainer.max_epochs=1",
+                           "trainer.enable_progress_bar=false", f"output_dir={out}"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     ledger = json.loads((out / "ledger.json").read_text())
     released = [r["name"] for r in ledger["releases"]]
@@ -195,6 +200,7 @@ def test_two_process_ddp_releases_each_round_once(tmp_path):
     assert json.loads((out / "replicas.json").read_text())["identical"]  # rank 0's releases on every rank
     model = load_run(out / "checkpoints" / "last.ckpt").model
     assert bool(model.finished) and 2 * int(model.rounds) == len(released) - 2
+    assert bool(model.head_fitted) and "Label head fitted" in (out / "train.log").read_text()
 
 
 def test_private_tuning_selects_among_gem_candidates(tmp_path, single_thread):

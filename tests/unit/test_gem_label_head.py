@@ -1,0 +1,111 @@
+"""GEM's label head (``GEM.fit_label_head``): the log-linear P(y | x) fitted to the measured label marginals over
+the generator's rows, how sampling uses it, and checkpoints with and without it."""
+
+import math
+
+import pytest
+import torch
+
+from lightning_dp.errors import ConfigError
+from lightning_dp.models.gem import GEM
+from lightning_dp.nets.marginal_nets import ProductGenerator
+
+LEVELS = (3, 4, 2)  # two categorical columns and a binary label
+P1, P2 = torch.tensor([0.5, 0.3, 0.2]), torch.tensor([0.1, 0.2, 0.3, 0.4])
+B1, B2, BIAS = torch.tensor([-1.0, 0.0, 1.5]), torch.tensor([0.5, -0.5, 0.0, 1.0]), -0.5
+N = 10_000.0
+
+
+def true_joint() -> torch.Tensor:
+    """P(x1, x2, y) with independent columns and a label whose log-odds add up over them, (3, 4, 2)."""
+    p_pos = torch.sigmoid(BIAS + B1[:, None] + B2[None, :])  # (3, 4)
+    px = P1[:, None] * P2[None, :]
+    return torch.stack([px * (1 - p_pos), px * p_pos], -1).double()
+
+
+def model(measure: bool = True) -> GEM:
+    """A GEM whose generator draws the two columns independently at their true proportions (output weights 0, biases
+    the logs) and the label independently of them; its measurements are the true marginals in counts."""
+    torch.manual_seed(0)
+    gem = GEM(ProductGenerator(level_sizes=LEVELS, latent_dim=4, hidden=[8]), n_continuous=0, block_sizes=[3, 4],
+              num_classes=2, label_head=True)
+    gem.num_rows.fill_(N)
+    joint = true_joint()
+    with torch.no_grad():
+        gem.generator.out.bias.copy_(torch.cat([P1.log(), P2.log(), joint.sum((0, 1)).log().float()]))
+    if measure:
+        for clique, table in (((0,), joint.sum((1, 2))), ((1,), joint.sum((0, 2))), ((2,), joint.sum((0, 1))),
+                              ((0, 2), joint.sum(1)), ((1, 2), joint.sum(0))):
+            gem.add_measurement(clique, N * table.flatten(), sigma=1.0)
+    return gem
+
+
+def head_positive(gem: GEM) -> torch.Tensor:
+    """The head's P(y = 1 | x1, x2) on every cell, (3, 4)."""
+    codes = torch.tensor([[a, b, 0] for a in range(3) for b in range(4)])
+    logits = gem._head_logits(codes, gem._head_tables(), gem.head_bias)
+    return torch.softmax(logits, 1)[:, 1].view(3, 4)
+
+
+def test_the_head_recovers_a_label_additive_in_the_columns():
+    truth = true_joint()
+    truth = truth[..., 1] / truth.sum(-1)
+    assert float(truth.max() - truth.min()) > 0.5  # the generator's own label ignores x: the head must supply it
+    gem = model()
+    loss = gem.fit_label_head()
+    assert bool(gem.head_fitted) and loss < 1e-5
+    assert gem.head_cliques.tolist() == [[0, 2, -1], [1, 2, -1]]
+    assert (head_positive(gem) - truth).abs().max() < 0.03
+
+
+def test_sampling_draws_the_label_from_the_head():
+    gem = model()
+    x, y = gem.sample(40_000, seed=1)
+    x1 = x[:, :3].argmax(1)
+    before = [float(y[x1 == a].float().mean()) for a in range(3)]
+    assert max(before) - min(before) < 0.03  # the generator alone: the label is independent of x1
+    gem.fit_label_head()
+    x, y = gem.sample(40_000, seed=1)
+    x1, truth = x[:, :3].argmax(1), true_joint().sum(1)
+    for a in range(3):
+        assert float(y[x1 == a].float().mean()) == pytest.approx(float(truth[a, 1] / truth[a].sum()), abs=0.02)
+
+
+def test_noisy_measurements_leave_the_head_finite_and_close():
+    gem = model(measure=False)
+    gen = torch.Generator().manual_seed(3)
+    joint = true_joint()
+    for clique, table in (((2,), joint.sum((0, 1))), ((0, 2), joint.sum(1)), ((1, 2), joint.sum(0))):
+        counts = N * table.flatten()
+        gem.add_measurement(clique, counts + 30.0 * torch.randn(counts.shape, generator=gen, dtype=torch.float64),
+                            sigma=30.0)
+    gem.fit_label_head()
+    truth = joint[..., 1] / joint.sum(-1)
+    assert torch.isfinite(gem.head_weights).all() and (head_positive(gem) - truth).abs().max() < 0.1
+
+
+def test_a_checkpoint_keeps_the_head_and_one_without_it_samples_as_before():
+    gem = model()
+    gem.fit_label_head()
+    fresh = model(measure=False)
+    fresh.load_state_dict(gem.state_dict(), strict=True)  # the head's sizes follow the saved ones
+    assert torch.equal(fresh.sample(500, seed=2)[1], gem.sample(500, seed=2)[1])
+    old = {k: v for k, v in gem.state_dict().items() if not k.startswith("head_")}  # written before the head
+    older = model(measure=False)
+    older.load_state_dict(old, strict=True)
+    assert not bool(older.head_fitted)
+    unfitted = model()
+    assert torch.equal(older.sample(500, seed=2)[1], unfitted.sample(500, seed=2)[1])
+
+
+def test_label_head_settings_are_checked_before_any_release():
+    from lightning_dp.data.schema import Column, Schema
+
+    with pytest.raises(ConfigError, match="label_head must be true or false"):
+        GEM.check_schema({"label_head": "yes"}, None)
+    unlabelled = Schema(columns=[Column("a", "categorical", categories=["x", "y"]),
+                                 Column("b", "categorical", categories=["x", "y"])])
+    with pytest.raises(ConfigError, match="no label column"):
+        GEM.check_schema({"label_head": True}, unlabelled)
+    GEM.check_schema({"label_head": False}, unlabelled)
+    assert math.isnan(model(measure=False).fit_label_head())  # nothing measured: nothing to fit
