@@ -66,7 +66,8 @@ class AdaptiveMarginals(Callback):
     The number of rounds is a function of ρ, T and the annealing decisions, which are post-processing of
     releases: no count of private rows is ever used outside a mechanism. After the last round the module
     trains ``final_steps`` more steps, its learning rate decaying from ``lr`` to ``final_lr_fraction · lr`` on a
-    cosine, and the trainer stops.
+    cosine, and the trainer stops; a module with ``label_head`` then fits its label head to the measurements
+    (post-processing, on every rank from the same seed: rank 0's is saved), before the run's last checkpoint.
 
     Order and durability: each round's releases are recorded and their values stored in the module inside one
     :meth:`PrivacyLedger.durable` block, so the checkpoint holding them and the ledger are on disk before a
@@ -87,7 +88,8 @@ class AdaptiveMarginals(Callback):
             release (0: none; without a label nothing is spent on it), see above.
         one_way: release the 1-way marginals first (default); false only with the label pairs, which hold them.
         answer_draws: latent draws for the model's answers to every workload marginal before a selection (their
-            Monte-Carlo error enters the score: ``GEM.answers``).
+            Monte-Carlo error enters the score: ``GEM.answers``), and the generated rows that the model's label
+            head (``label_head``) is fitted on when training ends.
         chunk_size: rows per streamed chunk of the count pass.
         noise_seed: fix the noise (tests only); default OS entropy.
     """
@@ -217,6 +219,10 @@ class AdaptiveMarginals(Callback):
                         "or model.module.steps_per_epoch to use the whole budget.", int(pl_module.rounds),
                         float(pl_module.rho_total - pl_module.rho_used), float(pl_module.rho_total))
         self._exact = {}
+        if pl_module.hparams.get("label_head") and pl_module.is_released():  # before the run's last checkpoint
+            loss = pl_module.fit_label_head(draws=self.answer_draws)
+            log.info("Label head fitted to the measured marginals that hold the label, on %d generated rows "
+                     "(mean squared standardised residual and prior %.3g a cell).", self.answer_draws, loss)
 
     # ---------------------------------------------------------------- the private pass
     def _exact_marginals(self, trainer: Trainer, module: Any) -> dict[mg.Clique, Tensor]:

@@ -36,7 +36,7 @@ def model(measure: bool = True) -> GEM:
     if measure:
         for clique, table in (((0,), joint.sum((1, 2))), ((1,), joint.sum((0, 2))), ((2,), joint.sum((0, 1))),
                               ((0, 2), joint.sum(1)), ((1, 2), joint.sum(0))):
-            gem.add_measurement(clique, N * table.flatten(), sigma=1.0)
+            gem.add_measurement(clique, N * table.flatten(), sigma=20.0)  # ~ the draws' Monte-Carlo error
     return gem
 
 
@@ -53,7 +53,7 @@ def test_the_head_recovers_a_label_additive_in_the_columns():
     assert float(truth.max() - truth.min()) > 0.5  # the generator's own label ignores x: the head must supply it
     gem = model()
     loss = gem.fit_label_head()
-    assert bool(gem.head_fitted) and loss < 1e-5
+    assert bool(gem.head_fitted) and loss < 1.0  # within the noise: ~0.5 a cell
     assert gem.head_cliques.tolist() == [[0, 2, -1], [1, 2, -1]]
     assert (head_positive(gem) - truth).abs().max() < 0.03
 
