@@ -1,4 +1,4 @@
-"""A wide claims-like table (44 columns) for bench/peers.py: where AIM's model-size limit and run time bite.
+"""A wide claims-like table (43 columns with the label) for bench/peers.py: where AIM's model-size limit and run time bite.
 
 The claims-like rows of tests/integration/test_claims_fidelity.py, widened: a policy type, a region and three
 latent customer factors drive 20 categorical columns (3–12 categories, each also copying its left neighbour
