@@ -223,6 +223,10 @@ class AdaptiveMarginals(Callback):
             loss = pl_module.fit_label_head(draws=self.answer_draws)
             log.info("Label head fitted to the measured marginals that hold the label, on %d generated rows "
                      "(mean squared standardised residual and prior %.3g a cell).", self.answer_draws, loss)
+            if not len(pl_module.head_cliques):
+                log.warning("No measured marginal holds the label with another column, so the label head draws the "
+                            "label independently of the row. Measure the label pairs: set "
+                            "model.mechanisms.0.one_way=false and model.mechanisms.0.target_pairs_fraction (e.g. 0.3).")
 
     # ---------------------------------------------------------------- the private pass
     def _exact_marginals(self, trainer: Trainer, module: Any) -> dict[mg.Clique, Tensor]:

@@ -109,3 +109,23 @@ def test_label_head_settings_are_checked_before_any_release():
         GEM.check_schema({"label_head": True}, unlabelled)
     GEM.check_schema({"label_head": False}, unlabelled)
     assert math.isnan(model(measure=False).fit_label_head())  # nothing measured: nothing to fit
+
+
+def test_training_end_fits_the_head_and_warns_when_no_pair_holds_the_label(caplog):
+    from lightning_dp.callbacks.adaptive_marginals import AdaptiveMarginals
+    from lightning_dp.privacy.ledger import PrivacyLedger
+
+    mechanism = AdaptiveMarginals(ledger=PrivacyLedger(target_epsilon=1.0, delta=1e-5), datamodule=None,
+                                  answer_draws=4096)
+    gem = model(measure=False)
+    gem.finished.fill_(True)
+    gem.add_measurement((2,), N * true_joint().sum((0, 1)).flatten(), sigma=20.0)  # the label's share alone
+    with caplog.at_level("WARNING", logger="lightning_dp"):
+        mechanism.on_train_end(None, gem)
+    assert bool(gem.head_fitted) and "independently of the row" in caplog.text
+    caplog.clear()
+    fitted = model()
+    fitted.finished.fill_(True)
+    with caplog.at_level("WARNING", logger="lightning_dp"):
+        mechanism.on_train_end(None, fitted)
+    assert bool(fitted.head_fitted) and len(fitted.head_cliques) == 2 and "independently" not in caplog.text
