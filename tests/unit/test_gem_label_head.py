@@ -129,3 +129,22 @@ def test_training_end_fits_the_head_and_warns_when_no_pair_holds_the_label(caplo
     with caplog.at_level("WARNING", logger="lightning_dp"):
         mechanism.on_train_end(None, fitted)
     assert bool(fitted.head_fitted) and len(fitted.head_cliques) == 2 and "independently" not in caplog.text
+
+
+def test_a_three_class_label_is_recovered_with_class_0_as_the_reference():
+    torch.manual_seed(0)
+    b1 = torch.tensor([[0.0, 0.0, 0.0], [0.0, 1.0, -1.0], [0.0, -1.0, 2.0]])
+    b2 = torch.tensor([[0.0, 0.5, 0.0], [0.0, 0.0, 1.0], [0.0, -1.0, 0.0], [0.0, 1.0, 1.0]])
+    truth = torch.softmax(b1[:, None, :] + b2[None, :, :], -1).double()  # (3, 4, 3)
+    joint = P1[:, None, None].double() * P2[None, :, None].double() * truth
+    gem = GEM(ProductGenerator(level_sizes=(3, 4, 3), latent_dim=4, hidden=[8]), n_continuous=0, block_sizes=[3, 4],
+              num_classes=3, label_head=True)
+    gem.num_rows.fill_(N)
+    with torch.no_grad():
+        gem.generator.out.bias.copy_(torch.cat([P1.log(), P2.log(), joint.sum((0, 1)).log().float()]))
+    for clique, table in (((2,), joint.sum((0, 1))), ((0, 2), joint.sum(1)), ((1, 2), joint.sum(0))):
+        gem.add_measurement(clique, N * table.flatten(), sigma=20.0)
+    gem.fit_label_head()
+    codes = torch.tensor([[a, b, 0] for a in range(3) for b in range(4)])
+    head = torch.softmax(gem._head_logits(codes, gem._head_tables(), gem.head_bias), 1).view(3, 4, 3)
+    assert (head - truth).abs().max() < 0.03 and (gem.head_bias[0] == 0 and (gem._head_tables()[0][:, 0] == 0).all())
