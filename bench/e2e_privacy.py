@@ -77,7 +77,7 @@ CONFIGS = {
             "model.module.label_head=true",
             "model.generator.hidden=[16]", "model.mechanisms.0.rounds=40", "model.mechanisms.0.steps_per_round=2",
             "model.mechanisms.0.final_steps=3", "model.mechanisms.0.target_pairs_fraction=0.15",
-            "trainer.max_epochs=1"],
+            "model.mechanisms.0.answer_draws=4096", "trainer.max_epochs=1"],
 }
 COMMON = ["trainer.enable_progress_bar=false", "trainer.enable_model_summary=false"]
 FORMATS = ("csv", "csv_missing", "parquet")
