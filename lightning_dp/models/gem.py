@@ -586,7 +586,8 @@ class GEM(GeneratorModule):
         self.head_cliques = torch.tensor([list(c) + [-1] * (3 - len(c)) for c in cliques], dtype=torch.long,
                                          device=dev).view(-1, 3)
         self.head_offsets = torch.tensor([0, *itertools.accumulate(s * k for s in sizes)], dtype=torch.long, device=dev)
-        self.head_weights = torch.cat([t.flatten() for t in tables] + [torch.zeros(0, dtype=torch.float64)]).to(dev)
+        self.head_weights = (torch.cat([t.flatten() for t in tables]) if tables else torch.zeros(0, dtype=torch.float64)
+                             ).to(dev)  # no tables: only the label's own share was measured
         self.head_bias = bias.to(dev)
         self.head_fitted.fill_(True)
         return loss
