@@ -32,7 +32,7 @@ from torch.utils.data import DataLoader
 from lightning_dp.checkpoint import CheckpointError
 from lightning_dp.errors import ConfigError
 from lightning_dp.models.base import GeneratorModule
-from lightning_dp.privacy.marginals import Clique, clique_size, product_marginal, workload
+from lightning_dp.privacy.marginals import Clique, clique_size, flat_index, product_marginal, workload
 
 MAX_CLIQUE_CELLS = 2**22  # cells of the largest workload marginal (8 bytes a cell, several copies in memory)
 MAX_LEVELS = 8192  # levels of all columns together: the fit and the count pass hold (levels)² Gram matrices
@@ -390,6 +390,12 @@ class GEM(GeneratorModule):
             acc[clique] = (total + w * values, prec + w)
         return [(c, total / prec, prec) for c, (total, prec) in acc.items()]
 
+    def pooled_proportions(self) -> list[tuple[Clique, Tensor, float]]:
+        """:meth:`pooled` in proportions of the released row count n̂, each with its weight n̂²·Σ 1/s² (the
+        Gaussian log-likelihood's weight of a squared error in proportions: the fit's and the label head's)."""
+        n = float(self.num_rows)
+        return [(clique, y / n, precision * n**2) for clique, y, precision in self.pooled()]
+
     # ---------------------------------------------------------------- answers of the generator
     def level_probs(self, n: int) -> list[Tensor]:
         """Level probabilities of each column for ``n`` latent draws, a list of (n, k_c)."""
@@ -458,15 +464,15 @@ class GEM(GeneratorModule):
         the Gram matrix (weight 0 where nothing was measured), the triples (a, b, label) as (k_label, K, K) blocks
         of the label-weighted Gram matrices (None when no such triple was measured: k_label·K² of memory spared),
         and the other larger cliques apart."""
-        n, o, size = float(self.num_rows), self.offsets, self.offsets[-1]
+        o, size = self.offsets, self.offsets[-1]
         one, one_w = torch.zeros(size, dtype=torch.float64), torch.zeros(size, dtype=torch.float64)
         two, two_w = torch.zeros(size, size, dtype=torch.float64), torch.zeros(size, size, dtype=torch.float64)
-        pooled = self.pooled()
+        pooled = self.pooled_proportions()
         k = self.levels[-1] if any(self._label_triple(c) for c, _, _ in pooled) else 0
         three, three_w = torch.zeros(k, size, size, dtype=torch.float64), torch.zeros(k, size, size, dtype=torch.float64)
         rest = []
-        for clique, y, precision in pooled:
-            y, w = y.cpu() / n, precision * n**2
+        for clique, y, w in pooled:
+            y = y.cpu()
             if len(clique) == 1:
                 (c,) = clique
                 one[o[c] : o[c + 1]], one_w[o[c] : o[c + 1]] = y, w
@@ -533,23 +539,17 @@ class GEM(GeneratorModule):
         """``n`` rows of levels drawn from the generator's mixture, (n, C) int64."""
         return torch.stack([torch.multinomial(p, 1).squeeze(1) for p in self.level_probs(n)], 1)
 
-    def _head_index(self, codes: Tensor, clique: Clique) -> Tensor:
-        """Each row's cell of ``clique`` without its last column (the label): a feature's row of the head's table."""
-        index = torch.zeros(len(codes), dtype=torch.long, device=codes.device)
-        for c in clique[:-1]:
-            index = index * self.levels[c] + codes[:, c]
-        return index
-
-    def _head_logits(self, codes: Tensor, tables: Sequence[Tensor], bias: Tensor) -> Tensor:
-        """The head's label log-odds of each row of ``codes``, (n, k): ``bias + Σ_r tables[r][cell_r(x)]``."""
-        logits = bias.expand(len(codes), -1)
-        for row, table in zip(self.head_cliques.tolist(), tables, strict=True):
-            logits = logits + table[self._head_index(codes, tuple(c for c in row if c >= 0))]
-        return logits
-
-    def _head_tables(self) -> list[Tensor]:
+    def head_logits(self, codes: Tensor) -> Tensor:
+        """The label head's log-odds for each row of levels ``codes`` (n, C), (n, k) float64."""
         sizes = [int(e - s) for s, e in zip(self.head_offsets[:-1], self.head_offsets[1:], strict=True)]
-        return [t.view(-1, self.num_classes) for t in torch.split(self.head_weights, sizes)]
+        tables = [t.view(-1, self.num_classes) for t in torch.split(self.head_weights, sizes)]
+        cells = [flat_index(codes, self._head_features(row), self.levels) for row in self.head_cliques.tolist()]
+        return additive_logits(self.head_bias, tables, cells, len(codes))
+
+    @staticmethod
+    def _head_features(clique: Sequence[int]) -> Clique:
+        """A head table's columns: its clique (padded with -1) without the label, its last column."""
+        return tuple(c for c in clique if c >= 0)[:-1]
 
     def fit_label_head(self, *, draws: int = 65536, seed: int = 0, max_iter: int = 200,
                        prior_std: float = HEAD_PRIOR_STD) -> float:
@@ -568,17 +568,17 @@ class GEM(GeneratorModule):
             the fit's loss a measured cell (~0.5 where the head is within the measurements' noise); NaN where no
             marginal holds the label (nothing fitted).
         """
-        label, k, n = len(self.levels) - 1, self.num_classes, float(self.num_rows)
-        measured = [(c, (y / n).to(self.device, torch.float64), w * n**2) for c, y, w in self.pooled()
-                    if k > 1 and c[-1] == label]  # proportions, weights in counts (as ``_fit_targets``)
+        label, k = len(self.levels) - 1, self.num_classes
+        measured = [(c, y.to(self.device, torch.float64), w) for c, y, w in self.pooled_proportions()
+                    if k > 1 and c[-1] == label]
         if not measured:
             return float("nan")
         with torch.random.fork_rng(devices=[] if self.device.type == "cpu" else [self.device]), torch.no_grad():
             torch.manual_seed(seed)
             codes = self._draw_codes(draws)
         cliques = [c for c, _, _ in measured if len(c) > 1]
-        cells = [self._head_index(codes, c) for c in cliques]
-        sizes = [math.prod(self.levels[c] for c in clique[:-1]) for clique in cliques]
+        cells = [flat_index(codes, self._head_features(c), self.levels) for c in cliques]
+        sizes = [clique_size(self._head_features(c), self.levels) for c in cliques]
         share = next((y for c, y, _ in measured if len(c) == 1), measured[0][1].view(-1, k).sum(0))
         targets = [(cliques.index(c) if len(c) > 1 else None, y, w) for c, y, w in measured]
         bias, tables, loss = fit_log_linear(cells, sizes, targets, share, prior_std=prior_std, max_iter=max_iter)
@@ -601,8 +601,7 @@ class GEM(GeneratorModule):
                                   "new run.")
         codes = self._draw_codes(n)  # (n, C)
         if bool(self.head_fitted):
-            logits = self._head_logits(codes, self._head_tables(), self.head_bias)
-            codes[:, -1] = torch.multinomial(torch.softmax(logits.float(), 1), 1).squeeze(1)
+            codes[:, -1] = torch.multinomial(torch.softmax(self.head_logits(codes).float(), 1), 1).squeeze(1)
         d = self.discretisation.n_modelled
         parts = [self.discretisation.values(codes[:, :d])]
         for i, size in enumerate(self.block_sizes):
@@ -633,6 +632,15 @@ def label_grams(flat: Tensor, label: Tensor) -> Tensor:
         label: (B, k) the label's level probabilities of each draw.
     """
     return torch.stack([(flat * label[:, [level]]).T @ flat for level in range(label.shape[1])])
+
+
+def additive_logits(bias: Tensor, tables: Sequence[Tensor], cells: Sequence[Tensor], rows: int) -> Tensor:
+    """``bias + Σ_r tables[r][cells[r]]``: each of ``rows`` rows' log-odds (rows, classes), its cell (rows,) of
+    every table added up."""
+    logits = bias.expand(rows, -1)
+    for index, table in zip(cells, tables, strict=True):
+        logits = logits + table[index]
+    return logits
 
 
 def fit_log_linear(cells: Sequence[Tensor], sizes: Sequence[int], targets: Sequence[tuple[int | None, Tensor, float]],
@@ -667,10 +675,7 @@ def fit_log_linear(cells: Sequence[Tensor], sizes: Sequence[int], targets: Seque
     n_cells = sum(t.numel() for _, t, _ in targets)
 
     def loss_fn() -> Tensor:
-        logits = bias.expand(draws, -1)
-        for index, table in zip(cells, tables, strict=True):
-            logits = logits + table[index]
-        p = torch.softmax(torch.cat([zero, logits], 1), 1)  # (draws, k)
+        p = torch.softmax(torch.cat([zero, additive_logits(bias, tables, cells, draws)], 1), 1)  # (draws, k)
         loss = sum(t.square().sum() for t in tables) / prior_std**2
         for r, target, weight in targets:
             q = p.mean(0) if r is None else torch.zeros(sizes[r], k, dtype=dtype, device=dev).index_add_(

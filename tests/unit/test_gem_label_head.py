@@ -43,7 +43,7 @@ def model(measure: bool = True) -> GEM:
 def head_positive(gem: GEM) -> torch.Tensor:
     """The head's P(y = 1 | x1, x2) on every cell, (3, 4)."""
     codes = torch.tensor([[a, b, 0] for a in range(3) for b in range(4)])
-    logits = gem._head_logits(codes, gem._head_tables(), gem.head_bias)
+    logits = gem.head_logits(codes)
     return torch.softmax(logits, 1)[:, 1].view(3, 4)
 
 
@@ -123,6 +123,8 @@ def test_training_end_fits_the_head_and_warns_when_no_pair_holds_the_label(caplo
     with caplog.at_level("WARNING", logger="lightning_dp"):
         mechanism.on_train_end(None, gem)
     assert bool(gem.head_fitted) and "independently of the row" in caplog.text
+    share = float(true_joint().sum((0, 1))[1])
+    assert float(gem.sample(20_000, seed=4)[1].float().mean()) == pytest.approx(share, abs=0.02)  # a label a row
     caplog.clear()
     fitted = model()
     fitted.finished.fill_(True)
@@ -146,5 +148,6 @@ def test_a_three_class_label_is_recovered_with_class_0_as_the_reference():
         gem.add_measurement(clique, N * table.flatten(), sigma=20.0)
     gem.fit_label_head()
     codes = torch.tensor([[a, b, 0] for a in range(3) for b in range(4)])
-    head = torch.softmax(gem._head_logits(codes, gem._head_tables(), gem.head_bias), 1).view(3, 4, 3)
-    assert (head - truth).abs().max() < 0.03 and (gem.head_bias[0] == 0 and (gem._head_tables()[0][:, 0] == 0).all())
+    head = torch.softmax(gem.head_logits(codes), 1).view(3, 4, 3)
+    first = gem.head_weights[: int(gem.head_offsets[1])].view(-1, 3)  # the first table, (levels, classes)
+    assert (head - truth).abs().max() < 0.03 and (gem.head_bias[0] == 0 and (first[:, 0] == 0).all())
