@@ -367,18 +367,42 @@ class GEM(GeneratorModule):
             out.bias[o[c] : o[c + 1]] = (p / p.sum()).log().to(out.bias)
 
     def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, local_metadata: Any, strict: bool,
-                              missing_keys: list[str], *args: Any, **kwargs: Any) -> None:
+                              missing_keys: list[str], unexpected_keys: list[str], error_msgs: list[str]) -> None:
         """The measurements' sizes are known only after the releases: take the saved ones before loading them. A
         checkpoint written before the label head existed has none of its buffers: it samples as it did (the
-        generator's own label)."""
+        generator's own label). A file is untrusted: variable-size buffers that do not describe each other are an
+        error of the load (:meth:`_layout_errors`), not an index error when sampling."""
         for name in GROWING:
             saved = state_dict.get(prefix + name)
             if isinstance(saved, Tensor):
                 setattr(self, name, torch.empty_like(saved, device=self.num_rows.device))
         before = len(missing_keys)
-        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, *args, **kwargs)
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
         if not any(prefix + name in state_dict for name in HEAD):
             missing_keys[before:] = [k for k in missing_keys[before:] if k[len(prefix):] not in HEAD]
+        error_msgs.extend(self._layout_errors())
+
+    def _layout_errors(self) -> list[str]:
+        """What is inconsistent in the measurements' and the label head's variable-size buffers: cliques of known
+        columns (the head's ending with the label), offsets from 0 that step by each clique's cells (times the
+        label's classes for the head) and end at the values' length."""
+        columns, k = len(self.levels), self.num_classes
+        errors = []
+        for what, cliques, offsets, values, per_cell, head in (
+                ("measurements", self.meas_cliques, self.meas_offsets, self.meas_values, 1, False),
+                ("label head", self.head_cliques, self.head_offsets, self.head_weights, k, True)):
+            rows = [tuple(c for c in row if c >= 0) for row in cliques.tolist()] if cliques.dim() == 2 else None
+            if rows is None or any(not r or max(r) >= columns or list(r) != sorted(set(r)) or
+                                   (head and (len(r) < 2 or r[-1] != columns - 1)) for r in rows):
+                errors.append(f"the {what}' cliques are not cliques of the model's {columns} columns")
+                continue
+            sizes = [clique_size(r[:-1] if head else r, self.levels) * per_cell for r in rows]
+            if offsets.tolist() != [0, *itertools.accumulate(sizes)] or int(offsets[-1]) != len(values):
+                errors.append(f"the {what}' offsets do not match their cliques and values")
+        if len(self.meas_sigma) != len(self.meas_cliques):
+            errors.append("the measurements' noise scales do not match their cliques")
+        return errors
 
     def pooled(self) -> list[tuple[Clique, Tensor, float]]:
         """Measurements pooled per clique: the precision-weighted mean and its precision Σ 1/s² (same least

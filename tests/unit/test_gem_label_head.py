@@ -151,3 +151,17 @@ def test_a_three_class_label_is_recovered_with_class_0_as_the_reference():
     head = torch.softmax(gem.head_logits(codes), 1).view(3, 4, 3)
     first = gem.head_weights[: int(gem.head_offsets[1])].view(-1, 3)  # the first table, (levels, classes)
     assert (head - truth).abs().max() < 0.03 and (gem.head_bias[0] == 0 and (first[:, 0] == 0).all())
+
+
+def test_a_checkpoint_whose_head_or_measurements_do_not_fit_together_is_refused_at_load():
+    gem = model()
+    gem.fit_label_head()
+    for key, bad, message in (
+            ("head_cliques", torch.tensor([[0, 99, -1], [1, 2, -1]]), "label head' cliques"),
+            ("head_cliques", torch.tensor([[0, 1, -1], [1, 2, -1]]), "label head' cliques"),  # no label in a table
+            ("head_offsets", torch.tensor([0, 6, 20]), "label head' offsets"),
+            ("meas_offsets", torch.tensor([0, 3, 7, 9, 21, 30]), "measurements' offsets")):
+        state = {**gem.state_dict(), key: bad}
+        with pytest.raises(RuntimeError, match=message):
+            model(measure=False).load_state_dict(state, strict=True)
+    model(measure=False).load_state_dict(gem.state_dict(), strict=True)  # the untouched file loads
