@@ -7,10 +7,17 @@ that keeps each one a prefix of the next (``PrivacyLedger.durable``), so a kill 
 them consistent, with one of them the most advanced. A resumed run takes that one for its ledger, so
 its ε never goes back, and the data state (count, schema) of the checkpoint or the pre-training
 record, so nothing is released twice.
+
+A run saved by an earlier release resumes under this one when its classes have since gained settings or state
+that do what they did before: a setting added later (a class's ``settings_added_later``) that the saved config lacks
+takes its default (:func:`upgrade_saved_config`), and weights that lack a group of state added later (a module's
+``state_added_later``) load with the group's initial values. A setting the saved run had that this release no
+longer takes is refused, as is any other difference.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import math
@@ -25,6 +32,7 @@ from omegaconf import DictConfig, OmegaConf
 from lightning_dp.checkpoint import CheckpointError, load_checkpoint, validate_record
 from lightning_dp.errors import UserError
 from lightning_dp.launch import read_prefit
+from lightning_dp.models import fill_settings_added_later, settings_removed
 from lightning_dp.privacy.ledger import PrivacyLedger
 
 log = logging.getLogger(__name__)
@@ -72,12 +80,12 @@ def resume_config(cfg: DictConfig, *, overrides: Sequence[str] | None = None,
     """
     saved_path = Path(cfg.output_dir) / "config.yaml"
     if saved_path.is_file():
-        saved = OmegaConf.create(read_saved_config(saved_path))
+        saved = OmegaConf.create(upgrade_saved_config(read_saved_config(saved_path), str(saved_path)))
     elif checkpoint is not None and checkpoint.is_file():
         record = load_checkpoint(checkpoint)["lightning_dp"]
         validate_record(record, path=checkpoint)
         check_literal(record["config"], f"the config in {checkpoint}")
-        saved = OmegaConf.create(record["config"])
+        saved = OmegaConf.create(upgrade_saved_config(record["config"], f"the config in {checkpoint}"))
         saved.output_dir = cfg.output_dir
     elif checkpoint is not None and checkpoint.name != "last.ckpt":
         raise CheckpointError(f"Checkpoint {str(checkpoint)!r} does not exist. Pass a run's checkpoint, or resume=last.")
@@ -86,7 +94,8 @@ def resume_config(cfg: DictConfig, *, overrides: Sequence[str] | None = None,
                           "output_dir=PATH at the folder of the run to continue.")
     if overrides is not None:
         return _apply(saved, cfg, overrides)
-    mine, theirs = _flatten(OmegaConf.to_container(cfg, resolve=True)), _flatten(OmegaConf.to_container(saved))
+    mine = _flatten(_with_added(OmegaConf.to_container(cfg, resolve=True)))  # today's defaults of what it lacks
+    theirs = _flatten(OmegaConf.to_container(saved))
     changed = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k) and not _allowed(k))
     if changed:
         raise ResumeError(f"A resumed run keeps its saved config; these would change: {', '.join(changed[:8])}. "
@@ -94,6 +103,40 @@ def resume_config(cfg: DictConfig, *, overrides: Sequence[str] | None = None,
     for key in {k for k in set(mine) | set(theirs) if _allowed(k) and k in mine}:
         OmegaConf.update(saved, key, mine[key], force_add=True)
     return saved
+
+
+def upgrade_saved_config(config: dict[str, Any], where: str) -> dict[str, Any]:
+    """A run's saved config (plain data) as this release continues it, in place: each setting its classes gained
+    since (``settings_added_later``) at its default, which is what the run did before the setting existed
+    (:func:`~lightning_dp.models.fill_settings_added_later`); the resumed run records them in its config.yaml and
+    checkpoints.
+
+    Raises:
+        ResumeError: the saved config sets something its classes no longer take (removed or renamed since): this
+            release cannot continue the run as it was trained.
+    """
+    model = config.get("model")
+    if not isinstance(model, dict):
+        return config  # validate_record and the model's checks refuse it, with their messages
+    removed = settings_removed(model)
+    if removed:
+        raise ResumeError(f"{where} sets {', '.join(removed[:4])}, which this lightning-dp no longer has (removed or "
+                          "renamed since the run was saved). Resume with the release that wrote the run (its "
+                          "versions.json), or start a new run.")
+    added = fill_settings_added_later(model)
+    if added:
+        log.info("The run was saved before %s existed; it continues with %s, what it did then.", ", ".join(added),
+                 ", ".join(f"{k.rsplit('.', 1)[-1]}={json.dumps(v)}" for k, v in added.items()))
+    return config
+
+
+def _with_added(config: dict[str, Any]) -> dict[str, Any]:
+    """``config`` with the settings added later that it lacks at their defaults (a copy; nothing is refused)."""
+    if not isinstance(config.get("model"), dict):
+        return config
+    config = {**config, "model": copy.deepcopy(config["model"])}
+    fill_settings_added_later(config["model"])
+    return config
 
 
 def read_saved_config(path: Path) -> dict[str, Any]:
@@ -240,7 +283,8 @@ def check_same_run(cfg: DictConfig, state: ResumeState) -> None:
     """
     if state.config is None:
         return
-    mine, theirs = _flatten(OmegaConf.to_container(cfg, resolve=True)), _flatten(state.config)
+    mine = _flatten(_with_added(OmegaConf.to_container(cfg, resolve=True)))
+    theirs = _flatten(_with_added(state.config))  # a checkpoint saved before a setting existed ran at its default
     changed = sorted(k for k in set(mine) | set(theirs)
                      if not _allowed(k) and mine.get(k) != theirs.get(k) and not (mine.get(k) is None is theirs.get(k)))
     if changed:
@@ -273,7 +317,8 @@ def check_checkpoint_fits(cfg: DictConfig, state: ResumeState) -> None:
         model = build_model(cfg.model, layout)
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     found = {k: tuple(getattr(v, "shape", ())) for k, v in state.weights.items()}
-    missing, unexpected = sorted(set(expected) - set(found)), sorted(set(found) - set(expected))
+    later = type(model).absent_later_state(found)  # state a later release added, which a run saved before lacks
+    missing, unexpected = sorted(set(expected) - set(found) - later), sorted(set(found) - set(expected))
     growing = set(getattr(type(model), "variable_buffers", ()))  # sized by the releases (e.g. GEM's measurements)
     wrong = sorted(k for k in set(expected) & set(found) if expected[k] != found[k] and k not in growing)
     if missing or unexpected or wrong:

@@ -7,6 +7,7 @@ A model config (the ``model`` group from Hydra, or its copy saved in a checkpoin
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Mapping
 from typing import Any
 
@@ -36,7 +37,8 @@ MODELS = {
     "mmd_gan_ae": "lightning_dp.models.mmd_gan_ae.MMDGANAE",
     "gem": "lightning_dp.models.gem.GEM",
 }
-__all__ = ["MODELS", "NETWORKS", "build_mechanisms", "build_model", "check_data", "check_model_config"]
+__all__ = ["MODELS", "NETWORKS", "build_mechanisms", "build_model", "check_data", "check_model_config",
+           "fill_settings_added_later", "settings_removed"]
 
 
 def _taken(cls: type, layout: dict[str, Any]) -> dict[str, Any]:
@@ -124,6 +126,53 @@ def check_model_config(model_cfg: Any, *, where: str = "model") -> dict[str, Any
         else:
             check_plain({key: value}, where)
     return cfg
+
+
+def class_nodes(model_cfg: Mapping[str, Any], where: str = "model") -> list[tuple[str, dict[str, Any], type]]:
+    """The nodes of a plain model config that name a registered class (``module``, each network, each mechanism),
+    as ``(config path, node, class)``. A node that is not a mapping or names no registered class is left out:
+    :func:`check_model_config` refuses it."""
+    kinds = {"module": "module", **dict.fromkeys(NETWORKS, "network")}
+    found = [(f"{where}.{key}", model_cfg.get(key), kind) for key, kind in kinds.items()]
+    mechanisms = model_cfg.get("mechanisms")
+    if type(mechanisms) in (list, tuple):
+        found += [(f"{where}.mechanisms[{i}]", node, "mechanism") for i, node in enumerate(mechanisms)]
+    out = []
+    for path, node, kind in found:
+        if isinstance(node, dict):
+            try:
+                out.append((path, node, resolve(node.get("_target_"), expected=kind, where=path)))
+            except UnsafeConfigError:
+                continue
+    return out
+
+
+def fill_settings_added_later(model_cfg: dict[str, Any], where: str = "model") -> dict[str, Any]:
+    """Give a run's plain model config, in place, each setting that a later release added to its classes (a class's
+    ``settings_added_later``) and that the config lacks, at the class's default; return them by config path.
+
+    A setting is added with the default that does what the class did before it existed (GEM: ``entropy_weight``
+    0.0 adds no term to the loss, ``label_head`` false samples the generator's own label), so a run saved before it
+    ran as that default: resumed, it continues with it, and today's config that holds the default is no edit.
+    :func:`build_model` would take the same default for the missing key; this makes it the run's recorded value.
+    """
+    added = {}
+    for path, node, cls in class_nodes(model_cfg, where):
+        defaults = inspect.signature(cls).parameters
+        for name in getattr(cls, "settings_added_later", ()):
+            if name not in node:
+                node[name] = added[f"{path}.{name}"] = defaults[name].default
+    return added
+
+
+def settings_removed(model_cfg: Mapping[str, Any], where: str = "model") -> list[str]:
+    """Config paths of the settings a run's plain model config gives that its classes no longer take (removed or
+    renamed by a later release)."""
+    removed = []
+    for path, node, cls in class_nodes(model_cfg, where):
+        names, _ = parameters(cls)
+        removed += [f"{path}.{k}" for k in node if type(k) is str and not k.startswith("_") and k not in names]
+    return removed
 
 
 def build_model(model_cfg: Any, layout: dict[str, Any]) -> Any:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any, ClassVar
 
 import torch
@@ -26,6 +26,21 @@ class GeneratorModule(LightningModule):
     public_metrics: ClassVar[dict[str, str]] = {}
     # True: the model needs table rows; image data is refused before any release (``models.check_data``)
     tabular_only: ClassVar[bool] = False
+    # What a later release added, so that a run saved before resumes (``resume.py``) and samples (``load_run``):
+    # settings (``__init__`` parameters; a registered network or mechanism may name its own the same way), each with
+    # the default that does what the class did before it, taken where a saved config lacks it
+    # (``models.fill_settings_added_later``); and groups of state entries (buffers) added at once, which a checkpoint
+    # written before lacks whole: they keep the module's initial values, which must likewise do what it did (GEM's
+    # label head: not fitted, the generator's own label is sampled). A checkpoint with part of a group is refused.
+    settings_added_later: ClassVar[tuple[str, ...]] = ()
+    state_added_later: ClassVar[tuple[tuple[str, ...], ...]] = ()
+
+    @classmethod
+    def absent_later_state(cls, keys: Collection[str], prefix: str = "") -> set[str]:
+        """The entries of :attr:`state_added_later` that a checkpoint holding ``keys`` may lack: every entry of each
+        group of which it holds none (it was written before the group was added), with ``prefix``."""
+        return {prefix + name for group in cls.state_added_later if not any(prefix + n in keys for n in group)
+                for name in group}
 
     def log(self, name: str, value: Any, *args: Any, **kwargs: Any) -> None:
         """``LightningModule.log`` for declared keys only, never weighted by a (private) batch size."""
@@ -58,6 +73,16 @@ class GeneratorModule(LightningModule):
                     total = total + value
             loss = total
         super().backward(loss, *args, **kwargs)
+
+    def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, local_metadata: Any, strict: bool,
+                              missing_keys: list[str], unexpected_keys: list[str], error_msgs: list[str]) -> None:
+        """A checkpoint written before a group of :attr:`state_added_later` existed loads strictly (``load_run``,
+        Lightning's restore on resume): the group's entries keep their initial values."""
+        before = len(missing_keys)
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
+        absent = self.absent_later_state(state_dict.keys(), prefix)
+        missing_keys[before:] = [k for k in missing_keys[before:] if k not in absent]
 
     def init_label_buffer(self, num_classes: int) -> None:
         self.num_classes = num_classes

@@ -166,6 +166,11 @@ class GEM(GeneratorModule):
 
     tabular_only = True
     variable_buffers = GROWING  # their shapes follow the releases: resume does not compare them with a fresh module
+    # added after GEM's first release (checkpoints and saved configs of earlier runs lack them); their defaults and
+    # initial values are what GEM did before: entropy_weight 0.0 adds no entropy term to the loss, label_head false and
+    # an unfitted head sample the generator's own label (``_sample``), so an earlier run resumes and samples as it was
+    settings_added_later = ("entropy_weight", "label_head")
+    state_added_later = (HEAD,)
     public_metrics = {
         "train/fit_loss": "generated marginals against the released measurements (post-processing)",
         "train/rounds": "rounds of released selections and measurements so far (a function of the releases)",
@@ -369,18 +374,16 @@ class GEM(GeneratorModule):
     def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, local_metadata: Any, strict: bool,
                               missing_keys: list[str], unexpected_keys: list[str], error_msgs: list[str]) -> None:
         """The measurements' sizes are known only after the releases: take the saved ones before loading them. A
-        checkpoint written before the label head existed has none of its buffers: it samples as it did (the
-        generator's own label). A file is untrusted: variable-size buffers that do not describe each other are an
-        error of the load (:meth:`_layout_errors`), not an index error when sampling."""
+        checkpoint written before the label head existed has none of its buffers (``state_added_later``, tolerated
+        by ``GeneratorModule._load_from_state_dict``): it samples as it did (the generator's own label). A file is
+        untrusted: variable-size buffers that do not describe each other are an error of the load
+        (:meth:`_layout_errors`), not an index error when sampling."""
         for name in GROWING:
             saved = state_dict.get(prefix + name)
             if isinstance(saved, Tensor):
                 setattr(self, name, torch.empty_like(saved, device=self.num_rows.device))
-        before = len(missing_keys)
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                                       error_msgs)
-        if not any(prefix + name in state_dict for name in HEAD):
-            missing_keys[before:] = [k for k in missing_keys[before:] if k[len(prefix):] not in HEAD]
         error_msgs.extend(self._layout_errors())
 
     def _layout_errors(self) -> list[str]:
