@@ -5,11 +5,12 @@ each column copying its left neighbour with probability 1/2, so pairs are depend
 marginal the way ``AdaptiveMarginals`` does (``privacy.marginals.pair_counts``: one Gram matrix of the one-hot rows
 per chunk of 65,536 rows),
 then times what a round costs a ``GEM`` module: the model's answers to every workload marginal (the selection's
-input, 4,096 draws) and one training step (batch 1,024) fitted to the 1-way marginals and 4 pairs per column
-(about what a run measures). It prints wall times and the child's peak resident memory: the pass should be linear
-in rows, memory flat in rows (rows are never held whole), the round's cost independent of rows.
+input, 4,096 draws) and one training step (batch 1,024) fitted to the 1-way marginals and ``--pairs`` pairs per
+column (4: about what a run measures), in the layout its cost estimate picks and in both (the measured blocks, one
+dense product: ``models/gem_fit.py``). It prints wall times and the child's peak resident memory: the pass should be
+linear in rows, memory flat in rows (rows are never held whole), the round's cost independent of rows.
 
-    python bench/gem_scaling.py [--rows 10000 100000 1000000] [--columns 15 40 100] [--device cpu]
+    python bench/gem_scaling.py [--rows 10000 100000 1000000] [--columns 15 40 100] [--pairs 4] [--device cpu]
 """
 
 from __future__ import annotations
@@ -28,7 +29,24 @@ CHUNK = 65536
 LEVELS = 8
 
 
-def child(rows: int, columns: int, device: str) -> dict[str, float]:
+def time_steps(module, device: str) -> float:
+    """Seconds a training step, the last five of six (the first builds the plan)."""
+    import torch
+
+    opt = torch.optim.Adam(module.generator.parameters(), lr=1e-3)
+    for step in range(6):
+        if step == 1:
+            t0 = time.perf_counter()
+        loss = module.training_step(None, step)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    if device != "cpu":
+        torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / 5
+
+
+def child(rows: int, columns: int, pairs: int, device: str) -> dict[str, float]:
     import torch
 
     from lightning_dp.models.gem import GEM
@@ -54,24 +72,20 @@ def child(rows: int, columns: int, device: str) -> dict[str, float]:
                  bins=LEVELS).to(device)
     module.log = lambda *args, **kwargs: None
     module.num_rows.fill_(float(rows))
-    measured = cliques[: columns + 4 * columns]  # the 1-way marginals and the first 4·C pairs
+    measured = cliques[: columns + pairs * columns]  # the 1-way marginals and the first pairs·C pairs
     for clique, total in zip(measured, totals):
         module.add_measurement(clique, total, 1.0)
     t0 = time.perf_counter()
     module.answers(module.cliques, draws=4096)
     answers = time.perf_counter() - t0
-    opt = torch.optim.Adam(module.generator.parameters(), lr=1e-3)
-    for step in range(6):  # the first builds the targets; time the last five
-        if step == 1:
-            t0 = time.perf_counter()
-        loss = module.training_step(None, step)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    if device != "cpu":
-        torch.cuda.synchronize()
-    fit = (time.perf_counter() - t0) / 5
-    return {"measure_s": measure, "answers_s": answers, "fit_step_s": fit, "cliques": len(cliques),
+    fit = time_steps(module, device)
+    layout = "dense" if module._targets[1][2].cells is not None else "blocks"
+    both = {}
+    for name, dense in (("blocks", False), ("dense", True)):
+        module._targets = ((len(module.meas_sigma), module.device), module._fit_targets(dense=dense))
+        both[name] = time_steps(module, device)
+    return {"measure_s": measure, "answers_s": answers, "fit_step_s": fit, "layout": layout,
+            "blocks_step_s": both["blocks"], "dense_step_s": both["dense"], "cliques": len(cliques),
             "peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
@@ -79,23 +93,28 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", nargs="+", type=int, default=[10_000, 100_000, 1_000_000])
     parser.add_argument("--columns", nargs="+", type=int, default=[15, 40, 100])
+    parser.add_argument("--pairs", type=int, default=4, help="measured pairs per column in the fitting step")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--child", nargs=2, type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(child(*args.child, args.device)))
+        print(json.dumps(child(*args.child, args.pairs, args.device)))
         return
-    print(f"GEM scaling on {args.device}, one thread; {LEVELS} levels a column; all 1- and 2-way marginals")
-    print("| rows | columns | marginals | measurement pass s | s per 10^6 rows | answers s | fit step ms | peak MiB |")
-    print("|---|---|---|---|---|---|---|---|")
+    print(f"GEM scaling on {args.device}, one thread; {LEVELS} levels a column; all 1- and 2-way marginals; the fit "
+          f"measures {args.pairs} pairs a column")
+    print("| rows | columns | marginals | measurement pass s | s per 10^6 rows | answers s | fit step ms (layout) | "
+          "blocks / dense ms | peak MiB |")
+    print("|---|---|---|---|---|---|---|---|---|")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     for columns in args.columns:
         for rows in args.rows:
-            out = subprocess.run([sys.executable, __file__, "--child", str(rows), str(columns), "--device", args.device],
+            out = subprocess.run([sys.executable, __file__, "--child", str(rows), str(columns), "--pairs",
+                                  str(args.pairs), "--device", args.device],
                                  capture_output=True, text=True, env=env, check=True)
             r = json.loads(out.stdout.strip().splitlines()[-1])
             print(f"| {rows:,} | {columns} | {r['cliques']:,} | {r['measure_s']:.2f} | "
-                  f"{r['measure_s'] / rows * 1e6:.2f} | {r['answers_s']:.2f} | {1000 * r['fit_step_s']:.1f} | "
+                  f"{r['measure_s'] / rows * 1e6:.2f} | {r['answers_s']:.2f} | {1000 * r['fit_step_s']:.1f} ({r['layout']}) | "
+                  f"{1000 * r['blocks_step_s']:.1f} / {1000 * r['dense_step_s']:.1f} | "
                   f"{r['peak_mib']:.0f} |", flush=True)
 
 

@@ -32,6 +32,7 @@ from torch.utils.data import DataLoader
 from lightning_dp.checkpoint import CheckpointError
 from lightning_dp.errors import ConfigError
 from lightning_dp.models.base import GeneratorModule
+from lightning_dp.models.gem_fit import Products, column_square_sums, products_loss, products_plan
 from lightning_dp.privacy.marginals import Clique, clique_size, flat_index, product_marginal, workload
 
 MAX_CLIQUE_CELLS = 2**22  # cells of the largest workload marginal (8 bytes a cell, several copies in memory)
@@ -485,59 +486,48 @@ class GEM(GeneratorModule):
         """A triple (a, b, label): the label is the last column, so it is the clique's last."""
         return len(clique) == 3 and self.num_classes > 1 and clique[2] == len(self.levels) - 1
 
-    def _fit_targets(self) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor | None, Tensor | None,
-                                    list[tuple[Clique, Tensor, float]]]:
-        """The pooled measurements as proportions: 1-way targets and weights (K,), 2-way ones as (K, K) blocks of
-        the Gram matrix (weight 0 where nothing was measured), the triples (a, b, label) as (k_label, K, K) blocks
-        of the label-weighted Gram matrices (None when no such triple was measured: k_label·K² of memory spared),
-        and the other larger cliques apart."""
-        o, size = self.offsets, self.offsets[-1]
+    def _fit_targets(self, dense: bool | None = None) -> tuple[Tensor, Tensor, Products | None, Products | None,
+                                                               list[tuple[Clique, Tensor, float]]]:
+        """The pooled measurements as proportions: 1-way targets and weights (K,) (weight 0 where nothing was
+        measured), the measured pairs' and triples' (a, b, label) cells (:func:`products_plan`; None where there are
+        none; ``dense`` as there), and the other larger cliques apart."""
+        size, dev = self.offsets[-1], self.device
         one, one_w = torch.zeros(size, dtype=torch.float64), torch.zeros(size, dtype=torch.float64)
-        two, two_w = torch.zeros(size, size, dtype=torch.float64), torch.zeros(size, size, dtype=torch.float64)
-        pooled = self.pooled_proportions()
-        k = self.levels[-1] if any(self._label_triple(c) for c, _, _ in pooled) else 0
-        three, three_w = torch.zeros(k, size, size, dtype=torch.float64), torch.zeros(k, size, size, dtype=torch.float64)
-        rest = []
-        for clique, y, w in pooled:
+        o, pairs, triples, rest = self.offsets, [], [], []
+        for clique, y, w in self.pooled_proportions():
             y = y.cpu()
             if len(clique) == 1:
                 (c,) = clique
                 one[o[c] : o[c + 1]], one_w[o[c] : o[c + 1]] = y, w
             elif len(clique) == 2:
-                a, b = clique
-                two[o[a] : o[a + 1], o[b] : o[b + 1]] = y.view(o[a + 1] - o[a], o[b + 1] - o[b])
-                two_w[o[a] : o[a + 1], o[b] : o[b + 1]] = w
+                pairs.append((clique, y, w))
             elif self._label_triple(clique):
-                a, b, _ = clique
-                table = y.view(o[a + 1] - o[a], o[b + 1] - o[b], k)  # row-major (k_a, k_b, k_label)
-                three[:, o[a] : o[a + 1], o[b] : o[b + 1]] = table.permute(2, 0, 1)
-                three_w[:, o[a] : o[a + 1], o[b] : o[b + 1]] = w
+                triples.append((clique, y, w))
             else:
-                rest.append((clique, y.to(self.device, torch.float32), w))
-        dev = self.device
-        if k:
-            three, three_w = three.to(dev, torch.float32), three_w.to(dev, torch.float32)
-        return (one.to(dev, torch.float32), one_w.to(dev, torch.float32), two.to(dev, torch.float32),
-                two_w.to(dev, torch.float32), three if k else None, three_w if k else None, rest)
+                rest.append((clique, y.to(dev, torch.float32), w))
+        pair_plan, triple_plan = (products_plan(m, self.levels, label=label, dense=dense, device=dev) if m else None
+                                  for m, label in ((pairs, False), (triples, True)))
+        return one.to(dev, torch.float32), one_w.to(dev, torch.float32), pair_plan, triple_plan, rest
 
     def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+        """Minus the measurements' Gaussian log-likelihood (class docstring): 1-way cells from the draws' mean,
+        the measured pairs and label triples by products of their blocks only (``models/gem_fit.py``: O(B · Σ k_a
+        k_b) over the measured pairs), larger cliques by :func:`product_marginal`."""
         if not self.is_released():
             raise RuntimeError("GEM has no released marginals: add the AdaptiveMarginals mechanism.")
-        key = len(self.meas_sigma)  # pooled again after each new measurement
+        key = (len(self.meas_sigma), self.device)  # planned again after each new measurement
         if getattr(self, "_targets", None) is None or self._targets[0] != key:
             self._targets = (key, self._fit_targets())
-        one, one_w, two, two_w, three, three_w, rest = self._targets[1]
+        one, one_w, pairs, triples, rest = self._targets[1]
         probs = self.level_probs(self.hparams.batch_size)
         flat = torch.cat(probs, 1)  # (B, K)
         squares = flat.square()  # (B, K): the draws' own products, for the unbiased square
         b = flat.shape[0]
-        gram, gram_sq = flat.T @ flat / b, squares.T @ squares / b  # (K, K): every 2-way marginal of the mixture
-        loss = 0.5 * (two_w * unbiased_square_loss(gram, gram_sq, two, b)).sum()
-        loss = loss + 0.5 * (one_w * unbiased_square_loss(flat.mean(0), squares.mean(0), one, b)).sum()
-        if three is not None:  # every (a, b, label) triple at once: one Gram matrix per label level
-            grams = label_grams(flat, probs[-1]) / b  # (k, K, K)
-            grams_sq = label_grams(squares, probs[-1].square()) / b
-            loss = loss + 0.5 * (three_w * unbiased_square_loss(grams, grams_sq, three, b)).sum()
+        loss = 0.5 * (one_w * unbiased_square_loss(flat.mean(0), squares.mean(0), one, b)).sum()
+        if pairs is not None or triples is not None:
+            sums = column_square_sums(squares, self.levels)  # (B, C)
+            for plan in (p for p in (pairs, triples) if p is not None):
+                loss = loss + products_loss(plan, probs, flat, sums)
         for clique, target, weight in rest:
             mean, mean_sq = product_marginal(probs, clique), product_marginal([p.square() for p in probs], clique)
             loss = loss + 0.5 * weight * unbiased_square_loss(mean, mean_sq, target, b).sum()
