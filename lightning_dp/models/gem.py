@@ -551,6 +551,19 @@ class GEM(GeneratorModule):
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.Adam(self.generator.parameters(), lr=self.hparams.lr)
 
+    def on_fit_start(self) -> None:
+        """Flush subnormal floats to zero on the CPU while fitting (``torch.set_flush_denormal``; this process's
+        threads, restored in :meth:`teardown`). A fitted mixture is nearly deterministic, so a few percent of its
+        probabilities and of their products fall below 2⁻¹²⁶, where CPUs compute many times slower: on Adult a
+        step took 13.2 ms with them and 8.9–10.8 ms flushed, a round's answers (65,536 draws) 0.93 s and 0.27 s.
+        Values that small are zeros to every marginal. The mechanism's releases meet none: their counts are
+        integers, the Gaussian noise a float64 draw of σ ≥ 1, the exponential mechanism's Gumbel noise from
+        uniforms clamped at 1e-300, a normal float64."""
+        torch.set_flush_denormal(True)
+
+    def teardown(self, stage: str) -> None:
+        torch.set_flush_denormal(False)  # the default: other work in the process computes as before
+
     # ---------------------------------------------------------------- the label head (post-processing)
     def _draw_codes(self, n: int) -> Tensor:
         """``n`` rows of levels drawn from the generator's mixture, (n, C) int64."""

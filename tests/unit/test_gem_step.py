@@ -112,3 +112,15 @@ def test_the_estimate_prefers_blocks_when_few_pairs_are_measured():
     assert gem_fit.products_plan(few, wide).cells is None  # 7 of 105 pairs: 2,800 of 90,000 multiply-adds a draw
     every = [((a, b), torch.rand(400), 1.0) for a in range(15) for b in range(a + 1, 15)]
     assert gem_fit.products_plan(every, wide).cells is not None  # every pair: one product, not 14 groups
+
+
+def test_fitting_flushes_subnormal_floats_and_restores_them_after():
+    tiny = torch.tensor([2.0**-130])  # subnormal in float32
+    gem = GEM(ProductGenerator(level_sizes=(2, 2), latent_dim=2, hidden=[4]), n_continuous=0, block_sizes=[2, 2])
+    assert float(tiny * 1.0) > 0
+    gem.on_fit_start()
+    try:
+        assert float(tiny * 1.0) == 0.0
+    finally:
+        gem.teardown("fit")
+    assert float(tiny * 1.0) > 0
