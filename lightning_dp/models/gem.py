@@ -131,7 +131,8 @@ class GEM(GeneratorModule):
 
     The mechanism stores each release here (:meth:`add_measurement`): a clique of columns, its noisy counts and
     their noise scale. A training step draws ``batch_size`` latent vectors, computes every measured clique's
-    marginal under the generator's mixture of products (``product_marginal``) and minimises the Gaussian
+    marginal under the generator's mixture of products (pairs and label triples by products of their measured
+    blocks only, ``models/gem_fit.py``; larger cliques by ``product_marginal``) and minimises the Gaussian
     negative log-likelihood of the measurements, ``Σ_r ||n̂ q_r(G) − y_r||² / (2 s_r²)`` (GEM's loss with the
     weights of Private-PGM's estimator; repeated measurements of a clique are pooled, which leaves it unchanged
     up to a constant). ``n̂`` is the run's released row count. Everything here is post-processing.
