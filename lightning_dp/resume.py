@@ -43,7 +43,6 @@ RESUMABLE = ("trainer.max_epochs", "trainer.max_steps", "trainer.enable_progress
              "trainer.enable_model_summary", "trainer.accelerator", "trainer.devices", "trainer.num_nodes",
              "callbacks", "num_samples", "audit", "data.root", "output_dir", "resume", "resume_external", "seed",
              "privacy.noise_seed")  # fixed noise is for tests; it does not change what is accounted
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
 
 class ResumeError(UserError, ValueError):
