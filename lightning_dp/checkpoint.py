@@ -7,11 +7,13 @@ That is all ``python -m lightning_dp.sample`` needs, months later, in a new proc
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import io
 import logging
 import os
 import platform
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,7 +22,7 @@ import torch
 from lightning_fabric.plugins.io.torch_io import TorchCheckpointIO
 
 from lightning_dp.errors import UserError
-from lightning_dp.io import atomic_write
+from lightning_dp.io import atomic_write_bytes
 
 log = logging.getLogger(__name__)
 
@@ -52,12 +54,31 @@ def versions() -> dict[str, str]:
 
 class AtomicCheckpointIO(TorchCheckpointIO):
     """Serialises to memory, then writes a temporary file and renames it: a crash never leaves a
-    truncated ``last.ckpt`` behind."""
+    truncated ``last.ckpt`` behind.
+
+    Inside :meth:`in_memory` it keeps the bytes instead of writing them: a durable block's checkpoint is charged to
+    the budget registry together with its bytes before it is written (``PrivacyLedger._persist``).
+    """
+
+    _kept: dict[str, bytes] | None = None
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: str | os.PathLike, storage_options: Any = None) -> None:
         buffer = io.BytesIO()
         torch.save(checkpoint, buffer)
-        atomic_write(path, lambda tmp: Path(tmp).write_bytes(buffer.getvalue()))
+        if self._kept is not None:
+            self._kept[str(path)] = buffer.getvalue()
+            return
+        atomic_write_bytes(path, buffer.getvalue())
+
+    @contextlib.contextmanager
+    def in_memory(self) -> Iterator[dict[str, bytes]]:
+        """Checkpoints saved in the block are not written: their bytes are kept here, by path."""
+        kept: dict[str, bytes] = {}
+        self._kept = kept
+        try:
+            yield kept
+        finally:
+            self._kept = None
 
 
 def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
@@ -70,8 +91,22 @@ def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     if not path.is_file():
         raise CheckpointError(f"Checkpoint {str(path)!r} does not exist. Pass the path of a run's "
                               "checkpoints/last.ckpt.")
+    return _load(path, path)
+
+
+def load_checkpoint_bytes(data: bytes, *, where: str) -> dict[str, Any]:
+    """:func:`load_checkpoint` of a checkpoint's bytes (the budget registry's copy, ``Registry.payload``); ``where``
+    names them in messages.
+
+    Raises:
+        CheckpointError: corrupt bytes, or no lightning-dp record.
+    """
+    return _load(io.BytesIO(data), where)
+
+
+def _load(source: Any, path: str | os.PathLike) -> dict[str, Any]:
     try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+        ckpt = torch.load(source, map_location="cpu", weights_only=True)
     except Exception as err:
         raise CheckpointError(f"Checkpoint {str(path)!r} is corrupt or not a PyTorch checkpoint ({type(err).__name__}: "
                               f"{str(err)[:200]}). Use another checkpoint of the run (e.g. an epoch checkpoint), "

@@ -37,6 +37,11 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
     atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
 
 
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically."""
+    atomic_write(path, lambda tmp: Path(tmp).write_bytes(data))
+
+
 def fsync_dir(folder: Path) -> None:
     """Make a rename in ``folder`` durable (POSIX); a no-op where folders cannot be opened (Windows)."""
     try:

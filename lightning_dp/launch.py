@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from lightning_dp.io import atomic_write_text
+from lightning_dp.privacy.durable import Payload
 
 HANDOFF = ".prefit.json"
 RUN_ID = "LIGHTNING_DP_RUN_ID"
@@ -56,8 +56,14 @@ def publish_prefit(output_dir: str | Path, *, ledger: dict[str, Any], data: dict
     The same file is the durable record of the pre-training releases (a resumed run reuses its count and
     schema instead of releasing them again) and, once ``complete``, the hand-off to the other ranks.
     """
-    payload = {"run_id": _run_id(create=True), "complete": complete, "ledger": ledger, "data": data}
-    atomic_write_text(Path(output_dir) / HANDOFF, json.dumps(payload) + "\n")
+    prefit_payload(output_dir, ledger=ledger, data=data, complete=complete).write()
+
+
+def prefit_payload(output_dir: str | Path, *, ledger: dict[str, Any], data: dict[str, Any],
+                   complete: bool) -> Payload:
+    """:func:`publish_prefit`'s file as bytes, not written (a durable block's commit: ``PrivacyLedger._persist``)."""
+    record = {"run_id": _run_id(create=True), "complete": complete, "ledger": ledger, "data": data}
+    return Payload(Path(output_dir), HANDOFF, (json.dumps(record) + "\n").encode("utf-8"))
 
 
 def read_prefit(output_dir: str | Path) -> dict[str, Any] | None:

@@ -29,9 +29,10 @@ from typing import Any
 import yaml
 from omegaconf import DictConfig, OmegaConf
 
-from lightning_dp.checkpoint import CheckpointError, load_checkpoint, validate_record
+from lightning_dp.checkpoint import CheckpointError, load_checkpoint, load_checkpoint_bytes, validate_record
 from lightning_dp.errors import UserError
-from lightning_dp.launch import read_prefit
+from lightning_dp.io import atomic_write_bytes
+from lightning_dp.launch import HANDOFF, read_prefit
 from lightning_dp.models import fill_settings_added_later, settings_removed
 from lightning_dp.privacy.ledger import PrivacyLedger
 
@@ -349,6 +350,77 @@ class RegistryResume:
     external_of: str | None
 
 
+VALUE_FILES = ("checkpoints/last.ckpt", HANDOFF)  # the files a durable block's commit writes (its payload's path)
+
+
+def restore_values(registry: Any, output_dir: str | Path, state: ResumeState) -> str | None:
+    """Write the values the budget registry holds for the run (``Registry.payload``) where the run's file lacks them.
+
+    A durable block's values are charged to the registry together with the bytes of their file, and written only after
+    that transaction (``PrivacyLedger._persist``). A run killed in between left the registry holding values that no
+    file holds: they are written now, atomically, to their path, so the run resumes from them as from any checkpoint
+    or ``.prefit.json``: the same noisy values that were charged, no new draw, no new charge. A file that is as far as
+    the stored values, or further, is never overwritten. The bytes are untrusted input like any checkpoint: the row's
+    tag (the registry's key), the safe load (``weights_only``; :func:`validate_record`) and the ledger's seal are
+    checked before anything is written.
+
+    Args:
+        registry: the budget registry.
+        output_dir: the run's folder.
+        state: the run's records as :func:`resume_state` read them (they name the run).
+
+    Returns:
+        The file written (relative to ``output_dir``), or ``None`` when the files were up to date.
+
+    Raises:
+        TamperedError: the stored values were changed in the database.
+        ResumeError, CheckpointError: stored values that are not the run's, or that disagree with its file.
+    """
+    ids = {s.get("run_id") for _, s in state.records}
+    if len(ids) != 1 or None in ids:
+        return None  # registry_resume refuses these records, with its message
+    run_id = ids.pop()
+    stored = registry.payload(run_id)
+    if stored is None:
+        return None
+    where = f"the budget registry's copy of {stored.path} (run {run_id})"
+    if stored.path not in VALUE_FILES:
+        raise ResumeError(f"{where} is not a file a run writes ({', '.join(VALUE_FILES)}): it cannot be restored.")
+    theirs = _values_ledger(stored.path, stored.data, where)
+    registry.check_seal(theirs, where)
+    if theirs.get("run_id") != run_id:
+        raise ResumeError(f"{where} holds the ledger of another run ({theirs.get('run_id')}): it cannot be restored.")
+    target = Path(output_dir) / stored.path
+    if target.is_file():
+        mine = _values_ledger(stored.path, target.read_bytes(), str(target))
+        try:
+            PrivacyLedger.most_advanced([(str(target), mine), (where, theirs)])
+        except ValueError as err:
+            raise ResumeError(str(err)) from None
+        if _total(theirs) <= _total(mine):
+            return None  # the file holds these values, or later ones
+    atomic_write_bytes(target, stored.data)
+    log.warning("Run %s was stopped after the budget registry charged a block of releases and before %s was written: "
+                "written now from the bytes the registry keeps with the charge (the same values; nothing is drawn "
+                "again).", run_id, stored.path)
+    return stored.path
+
+
+def _values_ledger(path: str, data: bytes, where: str) -> dict[str, Any]:
+    """The ledger state in a value file's bytes (a checkpoint, loaded safely, or ``.prefit.json``)."""
+    if path == HANDOFF:
+        try:
+            record = json.loads(data.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as err:
+            raise ResumeError(f"{where} is not a pre-fit record ({err}).") from None
+        if type(record) is not dict or type(record.get("ledger")) is not dict or type(record.get("data")) is not dict:
+            raise ResumeError(f"{where} is not a pre-fit record (no ledger and data).")
+        return record["ledger"]
+    record = load_checkpoint_bytes(data, where=where)["lightning_dp"]
+    validate_record(record, path=where)
+    return record["ledger"]
+
+
 def registry_resume(registry: Any, state: ResumeState, *, external: bool = False) -> RegistryResume:
     """The spend a resumed run continues from: the budget registry's record of it, never the files alone.
 
@@ -398,8 +470,9 @@ def registry_resume(registry: Any, state: ResumeState, *, external: bool = False
     lost = lost_uses(best, values if values is not None else dict(records).get(".prefit.json"))
     fresh = {k: v for k, v in lost.items() if v > int((best.get("lost") or {}).get(k, 0))}
     if fresh:
-        log.warning("Run %s: the budget registry charged %s, whose values no saved record holds (the run was stopped "
-                    "between charging and saving them). They stay charged, and are drawn again if needed.", run_id,
+        log.warning("Run %s: the budget registry charged %s, whose values no saved record holds (not kept by the "
+                    "registry either: a file removed, or DP-SGD steps after the last checkpoint). They stay charged, "
+                    "and are drawn again if needed.", run_id,
                     ", ".join(f"{n} ×{c}" for n, c in sorted(fresh.items())))
     return RegistryResume(ledger={**best, "no_dp_claim": waived, "lost": lost}, run_id=run_id,
                           dataset_id=row.dataset_id, external_of=None)
@@ -409,8 +482,9 @@ def lost_uses(charged: dict[str, Any], saved: dict[str, Any] | None) -> dict[str
     """Per release name, the uses ``charged`` (the registry's record) holds beyond the record that holds the released
     values (``saved``: the checkpoint, else ``.prefit.json``; ``None`` when neither exists), plus those already lost.
 
-    The registry is charged before a value is saved (``PrivacyLedger._persist``), so after a kill between the two the
-    registry holds uses whose value is gone: they stay in ε (over-charging), and ``PrivacyLedger.has`` does not count
+    A durable block's values are charged with their bytes, which :func:`restore_values` writes before this is asked,
+    so what is left are uses no file and no stored payload holds (DP-SGD steps after the last checkpoint, a
+    checkpoint deleted after its run ended): they stay in ε (over-charging), and ``PrivacyLedger.has`` does not count
     them, so a one-shot release is drawn again instead of being looked for in a checkpoint that lacks it.
     """
     def counts(state: dict[str, Any] | None) -> dict[str, int]:

@@ -22,7 +22,7 @@ from lightning_dp.checkpoint import AtomicCheckpointIO
 from lightning_dp.data.datamodule import PrivateDataModule
 from lightning_dp.data.dp_count import RowCount
 from lightning_dp.errors import RunExistsError, StorageError, UserError, python_command
-from lightning_dp.launch import launch_rank, publish_prefit, wait_for_prefit
+from lightning_dp.launch import launch_rank, prefit_payload, publish_prefit, wait_for_prefit
 from lightning_dp.models import build_mechanisms, build_model, check_data, minmax_columns
 from lightning_dp.preflight import (
     ConfigError,
@@ -43,6 +43,7 @@ from lightning_dp.resume import (
     check_same_run,
     load_ledger,
     registry_resume,
+    restore_values,
     resume_config,
     resume_state,
 )
@@ -298,6 +299,8 @@ def _train(cfg: DictConfig, *, overrides: Sequence[str] | None, run_log: RunLog,
     data_state, ckpt_path = None, None
     if resume is not None:
         state = resume_state(out, resume)
+        if budget is not None and not external and restore_values(budget.registry, out, state):
+            state = resume_state(out, resume)  # with the values the registry charged and held (killed before the write)
         check_same_run(cfg, state)
         check_checkpoint_fits(cfg, state)  # another model's weights, fewer epochs than done: before anything else
         if budget is not None:  # the spend is the registry's record of the run, never the files alone
@@ -333,7 +336,7 @@ def _train(cfg: DictConfig, *, overrides: Sequence[str] | None, run_log: RunLog,
     allow = cfg.privacy.get("allow_large_delta", False)
     public: dict[str, Any] = {}  # the public schema, for the memory check on the DP count
     if rank == 0:  # each pre-training release is saved with its value before use (a kill loses nothing)
-        ledger.commit = lambda: publish_prefit(out, ledger=ledger.state_dict(), data=dm.state_dict(), complete=False)
+        ledger.commit = lambda: prefit_payload(out, ledger=ledger.state_dict(), data=dm.state_dict(), complete=False)
     dm.prepare(ledger, generator=mech.noise_generator(noise_seed), state=data_state,
                check_rows=lambda count: (check_delta(ledger.delta, count, allow_large_delta=allow),
                                          check_rows_memory(count.value, public.get("schema"), cfg)),

@@ -18,6 +18,9 @@ registry does not do (runs' curves at different orders and PRV bounds do not com
   resumes (``open_run``), so a run that could not finish is refused before it releases anything;
 * the run's **spend** (its ledger's ε, with what it reserved), recorded with its whole ledger state in the same
   transaction that checks it (``record``); the ledger calls it before a release's value is saved or used;
+* the **values** of the run's latest durable block (``record`` with a payload: the bytes of the file that holds
+  them), stored in the transaction that charges them, so a run killed before it wrote the file resumes from them
+  (``payload``) rather than drawing them again; dropped when the run ends normally;
 * after the run ends (``close_run``), its charge is what it spent (and its δ, if it released anything).
 
 Every decision locks the data set's row first (``SELECT ... FOR UPDATE`` on PostgreSQL, the database write lock
@@ -41,11 +44,23 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from sqlalchemy import Connection, Engine, create_engine, event, exc, func, insert, select, text, update
+from sqlalchemy import (
+    Connection,
+    Engine,
+    create_engine,
+    delete,
+    event,
+    exc,
+    func,
+    insert,
+    select,
+    text,
+    update,
+)
 from sqlalchemy.engine import make_url
 
 from lightning_dp.budget import sketch as sk
@@ -53,6 +68,7 @@ from lightning_dp.budget import tables as t
 from lightning_dp.errors import BudgetExceededError, UserError
 
 if TYPE_CHECKING:  # the ledger imports torch and Opacus: `python -m lightning_dp.budget list` needs neither
+    from lightning_dp.privacy.durable import Payload
     from lightning_dp.privacy.ledger import PrivacyLedger
 
 log = logging.getLogger(__name__)
@@ -237,6 +253,17 @@ class RunRow:
 
 def _delta_charge(active: bool, delta: float, committed: float) -> float:
     return float(delta) if active or committed > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class StoredPayload:
+    """The values of a run's latest durable block as the registry holds them (tag verified): the file's path in the
+    run folder, its bytes, and the run's ``seq`` of the charge that stored them."""
+
+    run_id: str
+    seq: int
+    path: str
+    data: bytes
 
 
 @dataclass(frozen=True)
@@ -438,6 +465,9 @@ class Registry:
     def _run_tag(self, run_id: str, dataset_id: int, seq: int, state_text: str, claim: float, spent: float,
                  committed: float) -> str:
         return self._mac("run", run_id, dataset_id, seq, state_text, float(claim), float(spent), float(committed))
+
+    def _payload_tag(self, run_id: str, seq: int, path: str, data: bytes) -> str:
+        return self._mac("payload", run_id, int(seq), path, hashlib.sha256(data).hexdigest())
 
     def _run(self, row: Any, now: float | None = None) -> RunRow:
         if not hmac.compare_digest(row.tag, self._run_tag(row.run_id, row.dataset_id, row.seq, row.state,
@@ -779,11 +809,13 @@ class Registry:
             row = conn.execute(select(t.runs).where(t.runs.c.run_id == run_id)).one_or_none()
         return None if row is None else self._run(row)
 
-    def record(self, lease: Lease, ledger: PrivacyLedger) -> None:
+    def record(self, lease: Lease, ledger: PrivacyLedger, payload: Payload | None = None) -> None:
         """Check the ledger's new state against the data set's budget and make it the run's record, in one transaction.
 
         Called by the ledger before a release's value is used or saved (``PrivacyLedger.register``). The new state
-        must extend the recorded one (the registry never goes back).
+        must extend the recorded one (the registry never goes back). With ``payload`` (a durable block's values as the
+        bytes of their file, not yet written), the run's stored payload is replaced by it in the same transaction: the
+        charge and the values become durable together (``PrivacyLedger._persist``); without, the stored one stays.
 
         Raises:
             RunBusyError: another process took the run over (its lease is no longer ours).
@@ -816,6 +848,33 @@ class Registry:
                 updated_at=_now(), tag=self._run_tag(lease.run_id, dataset.id, seq, text_state, row.claim_epsilon,
                                                      spent, committed)))
             self._update_releases(conn, lease.run_id, known.state["releases"], state["releases"])
+            if payload is not None:
+                self._store_payload(conn, lease.run_id, seq, payload.path, payload.data)
+
+    def _store_payload(self, conn: Connection, run_id: str, seq: int, path: str, data: bytes) -> None:
+        parts = PurePosixPath(path).parts
+        if not parts or PurePosixPath(path).is_absolute() or ".." in parts:
+            raise RegistryError(f"Run {run_id}: the values' file {path!r} is not a path inside the run folder.")
+        conn.execute(delete(t.payloads).where(t.payloads.c.run_id == run_id))
+        conn.execute(insert(t.payloads).values(run_id=run_id, seq=seq, path=path, data=data, created_at=_now(),
+                                               tag=self._payload_tag(run_id, seq, path, data)))
+
+    def payload(self, run_id: str) -> StoredPayload | None:
+        """The values of the run's latest durable block (tag checked), or ``None`` (none stored, or the run ended).
+
+        Raises:
+            TamperedError: the stored bytes, path or run were changed outside lightning-dp.
+        """
+        with self._errors("read the run's saved values"), self.engine.connect() as conn:
+            row = conn.execute(select(t.payloads).where(t.payloads.c.run_id == run_id)).one_or_none()
+        if row is None:
+            return None
+        data = bytes(row.data)
+        if not hmac.compare_digest(row.tag, self._payload_tag(row.run_id, row.seq, row.path, data)):
+            raise TamperedError(f"The budget registry's saved values of run {run_id} ({row.path}) were changed outside "
+                                "lightning-dp (their tag does not match): they cannot be trusted, and the run cannot "
+                                "be resumed from them. Restore the registry from a backup.")
+        return StoredPayload(run_id=row.run_id, seq=int(row.seq), path=row.path, data=data)
 
     @staticmethod
     def _check_extends(old: dict[str, Any], new: dict[str, Any], run_id: str) -> None:
@@ -858,13 +917,19 @@ class Registry:
         return result.rowcount == 1
 
     def close_run(self, lease: Lease, *, outcome: str = "ended") -> None:
-        """End the run's lease: from now on the data set is charged what it spent, not its claim."""
+        """End the run's lease: from now on the data set is charged what it spent, not its claim.
+
+        A run that ended normally (``outcome="ended"``) has written every value it was charged, so its stored payload
+        is dropped; a stopped run keeps it for its resume.
+        """
         c = t.runs.c
         with self._transaction("end the run") as conn:
             result = conn.execute(update(t.runs).where(c.run_id == lease.run_id, c.lease == lease.token).values(
                 active=False, lease=None, heartbeat_at=None, closed_at=_now(), updated_at=_now()))
             if result.rowcount:
                 self._event(conn, "end_run", dataset_id=lease.dataset.id, run_id=lease.run_id, outcome=outcome)
+                if outcome == "ended":
+                    conn.execute(delete(t.payloads).where(t.payloads.c.run_id == lease.run_id))
 
     def end_run(self, run_id: str, *, reason: str) -> float:
         """End a run whose process is gone (an explicit act, logged): its claim shrinks to what it spent.

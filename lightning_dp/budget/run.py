@@ -6,7 +6,8 @@ anything is read; :meth:`RunBudget.attach` gives the ledger its run id and the r
 module calls :meth:`RunBudget.identify` with its rows' canonical digests once the rows are checked and before the
 first release: the data set is found (or registered), the run claims its target ε from the data set's budget and
 takes the run's lease, and from then on every change of the ledger is recorded in the registry first
-(``PrivacyLedger.register``). :meth:`RunBudget.close` ends the lease, however the run ends.
+(``PrivacyLedger.register``), with the bytes of a durable block's values. :meth:`RunBudget.close` ends the lease,
+however the run ends.
 """
 
 from __future__ import annotations
@@ -172,7 +173,7 @@ class RunBudget:
         self.lease = registry.open_run(run_id=self.run_id, dataset=dataset, ledger=self.ledger,
                                        output_dir=self.output_dir, external_of=self.external_of, name=self.dataset_name)
         lease = self.lease
-        self.ledger.register = lambda led: registry.record(lease, led)
+        self.ledger.register = lambda led, payload=None: registry.record(lease, led, payload)
         self._beat = threading.Thread(target=self._heartbeat, name="ldp-registry-heartbeat", daemon=True)
         self._beat.start()
         # the run's streams name the data set by its public name only, and say nothing the rows decide (whether they

@@ -1,4 +1,5 @@
-"""The budget registry's tables (SQLAlchemy Core): data sets, their fingerprints, runs, releases, and an event log.
+"""The budget registry's tables (SQLAlchemy Core): data sets, their fingerprints, runs, releases, the values of a run's
+latest durable block, and an event log.
 
 One schema for SQLite (the embedded default) and PostgreSQL (teams, many machines). Every budget decision reads
 and writes these rows inside one transaction that first locks the data set's row (``SELECT ... FOR UPDATE`` on
@@ -107,6 +108,21 @@ releases = Table(
     Column("first_at", String(32), nullable=False),
     Column("last_at", String(32), nullable=False),
     UniqueConstraint("run_id", "position", name="uq_ldp_release_position"),
+)
+
+# the values of a run's latest durable block (lightning_dp/privacy/durable.py, Payload): the bytes of the file that holds
+# them and its path in the run folder, stored in the transaction that charges them (Registry.record), so that a run
+# killed after the charge and before the file is written resumes from these bytes, never drawing the values again. One
+# row per run (the next block's replaces it), dropped when the run ends normally. Added after schema 2: an existing
+# registry gains the table when it is opened (``create_all`` creates missing tables), and earlier releases ignore it.
+payloads = Table(
+    "ldp_payloads", metadata,
+    Column("run_id", String(64), ForeignKey("ldp_runs.run_id"), primary_key=True),
+    Column("seq", Integer, nullable=False),               # the run's seq of the charge that stored it
+    Column("path", Text, nullable=False),                 # relative to the run folder (``checkpoints/last.ckpt``)
+    Column("data", LargeBinary, nullable=False),          # SQLite BLOB, PostgreSQL bytea
+    Column("tag", String(64), nullable=False),            # HMAC over (run_id, seq, path, SHA-256 of data)
+    Column("created_at", String(32), nullable=False),
 )
 
 # every explicit act and every run's start, resume and end: who, when, what

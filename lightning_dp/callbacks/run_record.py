@@ -13,8 +13,9 @@ import torch
 from pytorch_lightning import Callback, LightningModule, Trainer
 from pytorch_lightning.utilities.exceptions import SIGTERMException
 
-from lightning_dp.checkpoint import FORMAT_VERSION, versions
+from lightning_dp.checkpoint import FORMAT_VERSION, AtomicCheckpointIO, versions
 from lightning_dp.io import atomic_write_text
+from lightning_dp.privacy.durable import Payload
 from lightning_dp.privacy.ledger import PrivacyLedger
 from lightning_dp.privacy.metrics import declare_metrics
 
@@ -26,8 +27,9 @@ class RunRecord(Callback):
 
     * ``on_save_checkpoint``: adds the ``lightning_dp`` record (config, data state, ledger, versions), the
       one copy of the ledger in a checkpoint, and rewrites ``ledger.json`` after it;
-    * makes the ledger's :meth:`~PrivacyLedger.durable` blocks commit by writing ``last.ckpt``, so a
-      one-shot release is on disk with its value before it is used;
+    * makes the ledger's :meth:`~PrivacyLedger.durable` blocks commit ``last.ckpt`` (its bytes, which the ledger
+      charges to the budget registry with them and then writes), so a one-shot release is on disk with its value
+      before it is used;
     * writes ``last.ckpt`` (atomically, one file) when training starts, every ``every_n_steps`` steps or
       ``every_n_minutes`` minutes, and on SIGTERM or Ctrl-C, so a kill loses at most that interval;
     * logs ``privacy/epsilon`` and ``privacy/epsilon_remaining``.
@@ -63,7 +65,7 @@ class RunRecord(Callback):
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         declare_metrics(pl_module, self.public_metrics)
-        self.ledger.commit = lambda: self.save(trainer)
+        self.ledger.commit = lambda: self.values(trainer)
 
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         self.ledger.commit = None
@@ -80,6 +82,23 @@ class RunRecord(Callback):
         """Write ``last.ckpt`` now (atomically; then ``ledger.json``)."""
         trainer.save_checkpoint(self.last_path, weights_only=False)  # the full state (optimizer, loops) for resume
         self._last_save = time.monotonic()
+
+    def values(self, trainer: Trainer) -> Payload | None:
+        """``last.ckpt`` as the bytes :meth:`save` would write, not written (a durable block's commit); ``None`` on a
+        rank that writes no checkpoint (DDP ranks > 0).
+
+        Raises:
+            TypeError: the trainer does not save through :class:`~lightning_dp.checkpoint.AtomicCheckpointIO`.
+        """
+        checkpoint_io = trainer.strategy.checkpoint_io
+        if not isinstance(checkpoint_io, AtomicCheckpointIO):
+            raise TypeError(f"RunRecord needs the trainer's checkpoints saved by AtomicCheckpointIO, not "
+                            f"{type(checkpoint_io).__name__}: pass plugins=[AtomicCheckpointIO()].")
+        with checkpoint_io.in_memory() as kept:
+            trainer.save_checkpoint(self.last_path, weights_only=False)
+        self._last_save = time.monotonic()
+        data = kept.get(str(self.last_path))
+        return None if data is None else Payload(self.output_dir, "checkpoints/last.ckpt", data)
 
     def on_save_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
         checkpoint["lightning_dp"] = self.record()

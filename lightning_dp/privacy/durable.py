@@ -6,6 +6,10 @@ only in memory, and a kill loses nothing: the run simply releases it again after
 no trace of the first draw left the process. What could leave early are log records (a log line
 with the DP bandwidth or the DP count goes to ``train.log`` at once), so :func:`held_logs` keeps every
 log record back until the release is durable and drops them if it never becomes so.
+
+The released values of a block reach disk as a :class:`Payload`: the exact bytes of the file that holds them, made
+in memory first, so that the budget registry can charge the block and keep those bytes in one transaction before the
+file is written (``PrivacyLedger._persist``).
 """
 
 from __future__ import annotations
@@ -13,6 +17,29 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from lightning_dp.io import atomic_write_bytes
+
+
+@dataclass(frozen=True)
+class Payload:
+    """A durable block's released values as the bytes of the file that holds them, not yet on disk.
+
+    Attributes:
+        folder: the run's folder.
+        path: the file, relative to ``folder``, with ``/`` (``checkpoints/last.ckpt``, ``.prefit.json``).
+        data: the file's bytes, exactly as :meth:`write` puts them there.
+    """
+
+    folder: Path
+    path: str
+    data: bytes
+
+    def write(self) -> None:
+        """Write the file atomically (temporary file, fsync, rename)."""
+        atomic_write_bytes(Path(self.folder) / self.path, self.data)
 
 
 class _Hold(logging.Filter):

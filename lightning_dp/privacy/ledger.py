@@ -26,6 +26,7 @@ import numpy as np
 from lightning_dp.errors import BudgetExceededError, ReleaseNotSavedError, UserError  # noqa: F401 (re-exported)
 from lightning_dp.io import atomic_write_text
 from lightning_dp.privacy import mechanisms as mech
+from lightning_dp.privacy.durable import Payload
 
 log = logging.getLogger(__name__)
 
@@ -198,21 +199,21 @@ class PrivacyLedger:
         self.no_dp_claim: dict[str, str] = {}
         # budget held for releases planned for later (:meth:`reserve`): counted in every check, not in ``spent``
         self.reserved: list[Release] = []
-        # durability (``durable`` and ``record``), in this order: ``register(ledger)`` charges the new state to the
-        # budget registry (lightning_dp/budget/), checked against the run's claim on its data set's budget; then
-        # ``commit()`` saves the released values a resumed run needs together with the ledger (a checkpoint;
-        # ``durable`` blocks only); then ``persist(ledger)`` writes the ledger itself (ledger.json). So no record on
-        # disk is ever ahead of the registry: a kill between two steps over-charges (the registry holds a release
-        # whose value no file holds: ``lost``), never under-charges.
-        self.register: Callable[[PrivacyLedger], None] | None = None
+        # durability (``durable`` and ``record``), in this order: ``commit()`` makes the file that holds the released
+        # values a resumed run needs, with the ledger, as bytes in memory (a checkpoint: a ``Payload``; ``durable``
+        # blocks only); ``register(ledger)``, or ``register(ledger, payload)``, charges the new state to the budget
+        # registry (lightning_dp/budget/), checked against the run's claim on its data set's budget, and keeps the
+        # payload's bytes in the same transaction; then the payload is written, then ``persist(ledger)`` writes the
+        # ledger itself (ledger.json). See :meth:`_persist` for why no kill loses budget.
+        self.register: Callable[..., None] | None = None
         self.persist: Callable[[PrivacyLedger], None] | None = None
-        self.commit: Callable[[], None] | None = None
+        self.commit: Callable[[], Payload | None] | None = None
         # the run's id in the budget registry, and the registry's integrity tag of a state (``state_dict`` adds it)
         self.run_id: str | None = None
         self.seal: Callable[[dict[str, Any]], str] | None = None
-        # name -> uses charged whose values no saved record holds (a kill between the registry's record and the
-        # checkpoint; ``lightning_dp.resume.registry_resume``): they stay in ε, but :meth:`has` does not count them,
-        # so a one-shot release is drawn (and charged) again
+        # name -> uses charged whose values no saved record holds and no payload in the registry covers (DP-SGD steps
+        # after the last checkpoint, a checkpoint deleted after its run ended; ``lightning_dp.resume.registry_resume``):
+        # they stay in ε, but :meth:`has` does not count them, so a one-shot release is drawn (and charged) again
         self.lost: dict[str, int] = {}
         self._open_blocks = 0
         self._epsilon_cache: dict[tuple, float] = {}  # (prv, releases) -> ε, for these orders and δ
@@ -427,21 +428,42 @@ class PrivacyLedger:
         return eps
 
     def _persist(self, *, commit: bool = False) -> None:
-        """Make the ledger's state durable: the registry's charge first, then (``commit``) the values, then the file.
+        """Make the ledger's state durable: (``commit``) the values as bytes, the registry's charge with those bytes, the
+        values' file, then the ledger's file.
 
-        The registry comes first so that nothing on disk is ever ahead of it: a refusal there (the data set's budget,
-        a lost lease) leaves no checkpoint holding an uncharged value, and a kill after it over-charges.
+        Invariant: no file of the run is ever ahead of the budget registry, and every value the registry charges is
+        either in the run's files or in the registry itself. ``commit()`` only serialises (nothing data-dependent
+        reaches disk before the charge); ``register(ledger, payload)`` charges the state and stores the payload's bytes
+        in one database transaction, so both or neither become durable; only then is the file written. Sound: a refusal
+        (the data set's budget, a lost lease) leaves no file holding an uncharged value; a kill after the transaction
+        leaves the charged values in the registry, and a resume writes those same bytes to their path
+        (``lightning_dp.resume.restore_values``) instead of drawing the values again, so at most one draw of a release
+        exists (on disk, in an orphaned temporary file, or in the registry) and it is charged once.
+
+        Raises:
+            ReleaseNotSavedError: the values or the ledger could not be written.
         """
-        if self.register is not None:
-            self.register(self)  # refusals (the data set's budget, a lost lease) are UserErrors with their message
+        payload = None
         if commit and self.commit is not None:
             try:
-                self.commit()
+                payload = self.commit()
             except OSError as err:
                 raise ReleaseNotSavedError(
-                    f"The released values could not be saved ({err}); nothing was released (the budget registry "
-                    "keeps the charge). Free disk space or fix the output folder's permissions, then resume with "
-                    "resume=last.") from err
+                    f"The released values could not be prepared for saving ({err}); nothing was released. Free disk "
+                    "space or fix the output folder's permissions, then resume with resume=last.") from err
+        if self.register is not None:  # refusals (the data set's budget, a lost lease) are UserErrors with their message
+            if payload is None:
+                self.register(self)
+            else:
+                self.register(self, payload)
+        if payload is not None:
+            try:
+                payload.write()
+            except OSError as err:
+                raise ReleaseNotSavedError(
+                    f"The released values could not be saved ({err}); nothing was released (the budget registry keeps "
+                    "the charge and the values, which resume=last writes). Free disk space or fix the output folder's "
+                    "permissions, then resume with resume=last.") from err
         if self.persist is None:
             return
         try:
@@ -457,11 +479,12 @@ class PrivacyLedger:
         """A block of releases that become durable together before anything computed from them leaves.
 
         Inside, ``record`` only checks and records in memory, and log records are held back. At the end,
-        ``register`` charges the ledger to the budget registry, ``commit()`` saves the released values with the
-        ledger (e.g. a checkpoint of the module that now holds a noisy embedding), then ``persist`` writes the
-        ledger, then the held logs are replayed. If anything fails, the block's releases are removed from this
-        ledger again and its logs dropped: the noisy values existed only in memory, so nothing left the run; a
-        charge the registry already took stays (over-charging, never under-charging).
+        ``commit()`` serialises the released values with the ledger (e.g. a checkpoint of the module that now holds a
+        noisy embedding), ``register`` charges the ledger to the budget registry together with those bytes, they are
+        written, then ``persist`` writes the ledger, then the held logs are replayed (:meth:`_persist`). If anything
+        fails, the block's releases are removed from this ledger again and its logs dropped: the noisy values existed
+        only in memory and in the registry, so nothing left the run; a charge the registry already took stays, with
+        the values a resume writes.
 
         Raises:
             ReleaseNotSavedError: the values or the ledger could not be written.

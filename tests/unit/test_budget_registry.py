@@ -362,3 +362,37 @@ def test_budget_list_does_not_load_torch(tmp_path):
     assert out.returncode == 0, out.stderr
     lines = out.stdout.strip().splitlines()
     assert lines[-1] == "False False" and any(line.startswith("clinic") for line in lines)
+
+
+def test_a_registry_of_the_previous_release_gains_the_values_table_and_keeps_working(url, tmp_path):
+    from pathlib import Path
+
+    from lightning_dp.privacy.durable import Payload
+
+    reg = Registry(url)
+    ds = reg.dataset_for(reg.fingerprint(ROWS, kind="tabular"), name="d", budget=2.0)
+    led = _ledger()
+    lease = reg.open_run(run_id="r", dataset=ds, ledger=led, output_dir=tmp_path)
+    _spend(led, 10.0)
+    reg.record(lease, led)
+    with reg.engine.begin() as conn:  # the previous release's schema: every table but ldp_payloads
+        conn.execute(text("DROP TABLE ldp_payloads"))
+    reg.close()
+    reg = Registry(url)  # opening creates the missing table; the rows written before still check
+    assert reg.run("r").state["releases"] == led.state_dict()["releases"] and reg.payload("r") is None
+    _spend(led, 10.0, name="embedding")  # the run goes on under its lease
+    reg.record(lease, led, Payload(Path(tmp_path), "checkpoints/last.ckpt", b"\x00bytes\xff" * 1000))
+    stored = reg.payload("r")
+    assert (stored.path, stored.data, stored.seq) == ("checkpoints/last.ckpt", b"\x00bytes\xff" * 1000, reg.run("r").seq)
+    _spend(led, 10.0, name="step")
+    reg.record(lease, led)  # a record without values keeps the stored ones
+    assert reg.payload("r") == stored
+    _spend(led, 10.0, name="second")
+    reg.record(lease, led, Payload(Path(tmp_path), ".prefit.json", b"{}"))  # one per run: replaced
+    assert reg.payload("r").data == b"{}"
+    with pytest.raises(RegistryError, match="not a path inside the run folder"):
+        reg.record(lease, led, Payload(Path(tmp_path), "../elsewhere", b"{}"))
+    with reg.engine.begin() as conn:  # an edit outside lightning-dp
+        conn.execute(text("UPDATE ldp_payloads SET data = :d"), {"d": b"{} "})
+    with pytest.raises(TamperedError, match="saved values of run r .* changed outside lightning-dp"):
+        reg.payload("r")
