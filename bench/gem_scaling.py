@@ -70,7 +70,7 @@ def child(rows: int, columns: int, pairs: int, device: str) -> dict[str, float]:
     totals = [mg.clique_from_pairs(gram.cpu(), c, levels) for c in cliques]
     measure = time.perf_counter() - start
     module = GEM(ProductGenerator(level_sizes=levels), n_continuous=0, block_sizes=levels[:-1], num_classes=LEVELS,
-                 bins=LEVELS).to(device)
+                 bins=LEVELS, entropy_weight=0.001, entropy_units="proportions").to(device)  # model=gem's default term
     module.log = lambda *args, **kwargs: None
     module.num_rows.fill_(float(rows))
     measured = cliques[: columns + pairs * columns]  # the 1-way marginals and the first pairs·C pairs
@@ -84,7 +84,8 @@ def child(rows: int, columns: int, pairs: int, device: str) -> dict[str, float]:
     layout = "dense" if module._targets[1][2].cells is not None else "blocks"
     both = {}
     for name, dense in (("blocks", False), ("dense", True)):
-        module._targets = ((len(module.meas_sigma), module.device), module._fit_targets(dense=dense))
+        module._targets = ((len(module.meas_sigma), module.device), module._fit_targets(dense=dense),
+                           module.entropy_lambda())
         both[name] = time_steps(module, device)
     module.teardown("fit")
     return {"measure_s": measure, "answers_s": answers, "fit_step_s": fit, "layout": layout,

@@ -155,11 +155,14 @@ def score(synth: pd.DataFrame, test: pd.DataFrame, schema: Any, seed: int) -> di
     for c in schema.columns:
         if c.type == "categorical":
             synth[c.name] = as_categories(synth[c.name], [str(v) for v in c.categories])
+    tv = float(two_way_marginal_error(test, synth[test.columns], categorical=cats)["mean"] / 2)
+    if synth[schema.label].nunique(dropna=True) < 2:  # no classifier can be trained: each would predict one class
+        print(f"  the synthetic label holds one class only: ROC 0.5 (a constant predictor's), seed {seed}", flush=True)
+        return {"roc_hard": 0.5, "roc_score": 0.5, "tv2": tv, "one_class": True}
     res = tstr(synth[test.columns], test, label=schema.label, classifiers="pearl", seed=seed,
                categorical=[c for c in cats if c != schema.label])
     avg = res.summary["average"]
-    tv = two_way_marginal_error(test, synth[test.columns], categorical=cats)["mean"] / 2
-    return {"roc_hard": float(avg["roc_auc_hard"]), "roc_score": float(avg["roc_auc"]), "tv2": float(tv)}
+    return {"roc_hard": float(avg["roc_auc_hard"]), "roc_score": float(avg["roc_auc"]), "tv2": tv}
 
 
 def run_system(system: str, seed: int, args: argparse.Namespace, overrides: list[str], peer_files: tuple[Path, Path],

@@ -151,6 +151,20 @@ class GEM(GeneratorModule):
     Adult's validation carve 5.1 nats of the marginals' 20.7; the label's 0.05 of 0.55), so the higher-order
     structure that no measurement fixes is whatever the network's map from z makes it.
 
+    With ``entropy_units = "proportions"`` λ is given in the loss's units divided by its mean weight, λ · mean_r
+    n̂² Σ 1/s_r² (the weight of a squared error in proportions, :meth:`pooled_proportions`): what a nat is worth in
+    squared errors of proportions, so the entropy term moves a marginal by about the same proportion on every data
+    set whatever its rows and noise (scaled by n̂ · √(mean 1/s²) instead, the setting right for Adult's 26,000 rows
+    gave Cervical's 700 λ ≈ 22, which raised its 2-way TV on the validation carve from 0.18–0.21 to 0.24–0.27; in
+    these units Cervical's λ is about 0.5 and its TV 0.16–0.20). A function of the releases (n̂ and the noise
+    scales): post-processing. The default (``configs/model/gem.yaml``) is 0.001 in these units, ≈ 760 of the
+    loss's on Adult's validation carve: there, with the label head, it raised ROC hard / score from 0.739–0.741 /
+    0.847–0.861 to 0.753–0.757 / 0.863–0.867 and lowered the 2-way TV from 0.061–0.063 to 0.047–0.050 (seeds 0, 1;
+    in the loss's units λ 100–300 gave 0.742–0.754 / 0.853–0.859, 1,000–10,000 0.751–0.762 / 0.863–0.870; the TV
+    was least at 300–1,000, 0.044–0.050, and 0.065 at 10,000). Where the fit alone leaves the components nearly
+    deterministic, the head, fitted over the generator's rows, learned the label's log-odds on a joint of the
+    columns that no measurement fixed.
+
     Args:
         generator: a :class:`~lightning_dp.nets.marginal_nets.ProductGenerator` over :meth:`levels`.
         n_continuous, block_sizes, num_classes, continuous_units, continuous_cells: the data layout (public).
@@ -158,7 +172,9 @@ class GEM(GeneratorModule):
         degree: the workload: all 2-way (default) or 3-way marginals.
         target_weight: weight of the workload's marginals that hold the label (AIM's c_r).
         target_triples: with ``degree = 2``, also every triple that holds the label.
-        entropy_weight: λ above, in the loss's units (Gaussian log-likelihood) per nat; 0: none.
+        entropy_weight: λ above per nat; 0: none.
+        entropy_units: ``"loss"``: λ in the loss's units (Gaussian log-likelihood); ``"proportions"``: in units of
+            its mean weight (above).
         label_head: sample the label from a log-linear P(y | x) fitted to the measured label marginals
             (:meth:`fit_label_head`, after the fit) instead of the generator's own label.
         batch_size: latent draws per training step.
@@ -169,9 +185,10 @@ class GEM(GeneratorModule):
     tabular_only = True
     variable_buffers = GROWING  # their shapes follow the releases: resume does not compare them with a fresh module
     # added after GEM's first release (checkpoints and saved configs of earlier runs lack them); their defaults and
-    # initial values are what GEM did before: entropy_weight 0.0 adds no entropy term to the loss, label_head false and
-    # an unfitted head sample the generator's own label (``_sample``), so an earlier run resumes and samples as it was
-    settings_added_later = ("entropy_weight", "label_head")
+    # initial values are what GEM did before: entropy_weight 0.0 adds no entropy term to the loss, entropy_units "loss"
+    # reads a saved weight as it was read, label_head false and an unfitted head sample the generator's own label
+    # (``_sample``), so an earlier run resumes and samples as it was
+    settings_added_later = ("entropy_weight", "label_head", "entropy_units")
     state_added_later = (HEAD,)
     public_metrics = {
         "train/fit_loss": "generated marginals against the released measurements (post-processing)",
@@ -184,10 +201,11 @@ class GEM(GeneratorModule):
                  continuous_cells: Sequence[bool] | None = None, bins: int = 32,
                  degree: int = 2, target_weight: float = 1.0, target_triples: bool = False,
                  entropy_weight: float = 0.0, label_head: bool = False, batch_size: int = 1024,
-                 steps_per_epoch: int = 1000, lr: float = 1e-3) -> None:
+                 steps_per_epoch: int = 1000, lr: float = 1e-3, entropy_units: str = "loss") -> None:
         super().__init__()
         check_settings(bins=bins, degree=degree, target_weight=target_weight, batch_size=batch_size,
-                       steps_per_epoch=steps_per_epoch, lr=lr, entropy_weight=entropy_weight, label_head=label_head)
+                       steps_per_epoch=steps_per_epoch, lr=lr, entropy_weight=entropy_weight, label_head=label_head,
+                       entropy_units=entropy_units)
         self.save_hyperparameters(ignore=["generator"])
         self.generator = generator
         self.block_sizes = [int(b) for b in block_sizes]
@@ -303,7 +321,8 @@ class GEM(GeneratorModule):
         Raises:
             ConfigError: the first problem, with the setting to change.
         """
-        keys = ("bins", "degree", "target_weight", "batch_size", "steps_per_epoch", "lr", "entropy_weight", "label_head")
+        keys = ("bins", "degree", "target_weight", "batch_size", "steps_per_epoch", "lr", "entropy_weight", "label_head",
+                "entropy_units")
         check_settings(**{k: module_cfg[k] for k in keys if k in module_cfg})
         if schema is None:
             return
@@ -518,7 +537,7 @@ class GEM(GeneratorModule):
             raise RuntimeError("GEM has no released marginals: add the AdaptiveMarginals mechanism.")
         key = (len(self.meas_sigma), self.device)  # planned again after each new measurement
         if getattr(self, "_targets", None) is None or self._targets[0] != key:
-            self._targets = (key, self._fit_targets())
+            self._targets = (key, self._fit_targets(), self.entropy_lambda())
         one, one_w, pairs, triples, rest = self._targets[1]
         probs = self.level_probs(self.hparams.batch_size)
         flat = torch.cat(probs, 1)  # (B, K)
@@ -537,8 +556,17 @@ class GEM(GeneratorModule):
         if self.hparams.entropy_weight > 0:
             entropy = component_entropy(probs)
             self.log("train/component_entropy", entropy.detach())
-            loss = loss - self.hparams.entropy_weight * entropy
+            loss = loss - self._targets[2] * entropy
         return loss
+
+    def entropy_lambda(self) -> float:
+        """λ of the entropy term in the loss's units: ``entropy_weight``, times the mean weight of the pooled
+        measurements under ``entropy_units = "proportions"`` (class docstring)."""
+        weight = float(self.hparams.entropy_weight)
+        if self.hparams.entropy_units == "loss" or weight == 0:
+            return weight
+        weights = [w for _, _, w in self.pooled_proportions()]
+        return weight * sum(weights) / len(weights)
 
     def set_lr_fraction(self, fraction: float) -> None:
         """Set the optimiser's learning rate to ``fraction · lr`` (the mechanism's final-fit schedule; a function
@@ -738,7 +766,7 @@ def component_entropy(probs: Sequence[Tensor]) -> Tensor:
 
 def check_settings(*, bins: Any = 32, degree: Any = 2, target_weight: Any = 1.0, batch_size: Any = 1024,
                    steps_per_epoch: Any = 1000, lr: Any = 1e-3, entropy_weight: Any = 0.0,
-                   label_head: Any = False) -> None:
+                   label_head: Any = False, entropy_units: Any = "loss") -> None:
     """The module's settings, checked before any release.
 
     Raises:
@@ -765,5 +793,8 @@ def check_settings(*, bins: Any = 32, degree: Any = 2, target_weight: Any = 1.0,
     if entropy_weight != 0 and not positive(entropy_weight):
         raise ConfigError(f"model.module.entropy_weight must be a number >= 0 (0: no entropy term), got "
                           f"{entropy_weight!r}.")
+    if entropy_units not in ("loss", "proportions"):
+        raise ConfigError(f"model.module.entropy_units must be loss (λ in the loss's units) or proportions (in units of "
+                          f"the loss's mean weight), got {entropy_units!r}.")
     if not isinstance(label_head, bool):
         raise ConfigError(f"model.module.label_head must be true or false, got {label_head!r}.")

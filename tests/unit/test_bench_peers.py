@@ -41,3 +41,17 @@ def test_the_wide_tables_seeds_draw_rows_of_one_population():
     for c in [c for c in a.columns if c.startswith("cat_")]:
         pa, pb = a[c].value_counts(normalize=True), b[c].value_counts(normalize=True)
         assert (pa.sub(pb, fill_value=0).abs().sum() / 2) < 0.05, c
+
+
+def test_a_synthetic_label_of_one_class_scores_as_a_constant_predictor_not_a_crash():
+    # AIM-48 on Cervical (seed 2) drew no positive row: every classifier failed and the bench stopped with a TypeError
+    from types import SimpleNamespace
+
+    from bench.peers import score
+
+    schema = SimpleNamespace(label="y", columns=[SimpleNamespace(name="a", type="categorical", categories=["0", "1"]),
+                                                 SimpleNamespace(name="y", type="categorical", categories=["0", "1"])])
+    test = pd.DataFrame({"a": ["0", "1", "1", "0"], "y": ["0", "1", "1", "0"]}, dtype=object)
+    synth = pd.DataFrame({"a": ["0", "1", "0", "1"], "y": ["0", "0", "0", "0"]}, dtype=object)
+    out = score(synth, test, schema, seed=0)
+    assert out["roc_hard"] == out["roc_score"] == 0.5 and out["one_class"] is True and 0 <= out["tv2"] <= 1

@@ -265,6 +265,25 @@ def test_the_entropy_term_is_the_components_entropy_and_lowers_the_loss():
         GEM.check_schema({"entropy_weight": -1.0}, None)
 
 
+def test_in_proportions_the_entropy_weight_scales_with_the_losss_mean_weight():
+    disc = Discretisation.of(n_continuous=0, block_sizes=[3], num_classes=2, continuous_units=[], bins=8)
+
+    def module(units: str) -> GEM:
+        gem = GEM(ProductGenerator(level_sizes=disc.levels, latent_dim=4, hidden=[8]), n_continuous=0,
+                  block_sizes=[3], num_classes=2, continuous_units=[], bins=8, entropy_weight=2.0, entropy_units=units)
+        gem.num_rows.fill_(500.0)
+        gem.add_measurement((0,), torch.tensor([100.0, 150, 250]), 4.0)
+        gem.add_measurement((0, 1), torch.tensor([20.0, 10, 30, 5, 25, 10]), 10.0)
+        gem.add_measurement((0, 1), torch.tensor([22.0, 9, 31, 4, 26, 9]), 10.0)  # pooled: precision 2 / 10²
+        return gem
+
+    assert module("loss").entropy_lambda() == 2.0
+    # n̂² · (mean over the pooled cliques of Σ 1/s²): (1/4² + 2/10²) / 2
+    assert module("proportions").entropy_lambda() == pytest.approx(2.0 * 500**2 * (1 / 16 + 2 / 100) / 2)
+    with pytest.raises(ConfigError, match="entropy_units must be loss"):
+        GEM.check_schema({"entropy_units": "nats"}, None)
+
+
 def test_the_label_triples_come_from_label_weighted_gram_matrices():
     disc = Discretisation.of(n_continuous=0, block_sizes=[3, 4], num_classes=3, continuous_units=[], bins=8)
     gen = ProductGenerator(level_sizes=disc.levels, latent_dim=4, hidden=[8])

@@ -16,13 +16,15 @@ from lightning_dp.registry import REGISTRY, resolve
 from lightning_dp.resume import ResumeError, ResumeState, check_same_run, resume_config
 from tests.conftest import make_cfg
 
-GEM_CFG = ("model=gem", "data=diabetes")
+# the entropy term as GEM's first release ran (none; gem.yaml's defaults now add it)
+GEM_CFG = ("model=gem", "data=diabetes", "model.module.entropy_weight=0.0", "model.module.entropy_units=loss")
+LATER = ("entropy_weight", "label_head", "entropy_units")
 
 
 def _earlier(config: dict) -> dict:
-    """``config`` as GEM's first release saved it: no ``entropy_weight``, no ``label_head``."""
+    """``config`` as GEM's first release saved it: none of the settings added later."""
     config = copy.deepcopy(config)
-    for key in ("entropy_weight", "label_head"):
+    for key in LATER:
         del config["model"]["module"][key]
     return config
 
@@ -38,8 +40,9 @@ def test_a_setting_added_later_is_a_parameter_with_a_default(target):
 
 def test_gems_later_settings_default_to_what_it_did_before_them():
     params = inspect.signature(GEM).parameters
-    assert set(GEM.settings_added_later) == {"entropy_weight", "label_head"}
+    assert set(GEM.settings_added_later) == set(LATER)
     assert params["entropy_weight"].default == 0.0 and params["label_head"].default is False
+    assert params["entropy_units"].default == "loss"  # a weight saved before the setting is read as it was
     assert GEM.state_added_later == (HEAD,)
 
 
@@ -49,7 +52,8 @@ def test_an_earlier_config_gets_the_defaults_and_a_config_that_has_them_keeps_it
     assert config["model"]["module"]["label_head"] is True
     earlier = _earlier(config)
     assert fill_settings_added_later(earlier["model"]) == {"model.module.entropy_weight": 0.0,
-                                                          "model.module.label_head": False}
+                                                          "model.module.label_head": False,
+                                                          "model.module.entropy_units": "loss"}
     assert earlier["model"]["module"] == {**config["model"]["module"], "label_head": False}
 
 
