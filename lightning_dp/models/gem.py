@@ -554,7 +554,7 @@ class GEM(GeneratorModule):
         self.log("train/fit_loss", loss.detach(), prog_bar=True)
         self.log("train/rounds", float(self.rounds))
         if self.hparams.entropy_weight > 0:
-            entropy = component_entropy(probs)
+            entropy = component_entropy([flat])  # one block of every column's levels: the same sum, one op
             self.log("train/component_entropy", entropy.detach())
             loss = loss - self._targets[2] * entropy
         return loss
@@ -760,7 +760,8 @@ def fit_log_linear(cells: Sequence[Tensor], sizes: Sequence[int], targets: Seque
 
 def component_entropy(probs: Sequence[Tensor]) -> Tensor:
     """``E_z[Σ_c H(p_c(z))]`` in nats, estimated on the draws: ``probs[c]`` (B, k_c) are column c's level
-    probabilities for each of B latent draws (the mixture's components, products over the columns)."""
+    probabilities for each of B latent draws (the mixture's components, products over the columns). The sum over
+    columns is one over their levels, so the columns side by side as one block, (B, Σ_c k_c), give the same value."""
     return sum(-(p * p.clamp_min(1e-12).log()).sum(1).mean() for p in probs)
 
 

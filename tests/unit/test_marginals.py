@@ -246,6 +246,7 @@ def test_the_entropy_term_is_the_components_entropy_and_lowers_the_loss():
 
     uniform, point = torch.full((5, 4), 0.25), F.one_hot(torch.tensor([0, 1, 2, 0, 1]), 3).float()
     assert float(component_entropy([uniform, point])) == pytest.approx(math.log(4))  # Σ_c of the mean over draws
+    assert float(component_entropy([torch.cat([uniform, point], 1)])) == pytest.approx(math.log(4))  # one block
     disc = Discretisation.of(n_continuous=0, block_sizes=[3], num_classes=2, continuous_units=[], bins=8)
     modules = [GEM(ProductGenerator(level_sizes=disc.levels, latent_dim=4, hidden=[8]), n_continuous=0,
                    block_sizes=[3], num_classes=2, continuous_units=[], bins=8, batch_size=8, entropy_weight=w)
