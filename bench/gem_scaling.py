@@ -81,11 +81,10 @@ def child(rows: int, columns: int, pairs: int, device: str) -> dict[str, float]:
     module.answers(module.cliques, draws=4096)
     answers = time.perf_counter() - t0
     fit = time_steps(module, device)
-    layout = "dense" if module._targets[1][2].cells is not None else "blocks"
+    layout = "dense" if module._targets[1].pairs.cells is not None else "blocks"
     both = {}
     for name, dense in (("blocks", False), ("dense", True)):
-        module._targets = ((len(module.meas_sigma), module.device), module._fit_targets(dense=dense),
-                           module.entropy_lambda())
+        module._targets = ((len(module.meas_sigma), module.device), module._fit_targets(dense=dense))
         both[name] = time_steps(module, device)
     module.teardown("fit")
     return {"measure_s": measure, "answers_s": answers, "fit_step_s": fit, "layout": layout,

@@ -22,7 +22,7 @@ import itertools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -124,6 +124,17 @@ class Discretisation:
                 inner = (c - 1 + torch.rand_like(c)) / self.bins
                 out[:, j] = torch.where(c == 0, 0.0, torch.where(c == self.bins + 1, 1.0, inner))
         return out
+
+
+class FitTargets(NamedTuple):
+    """What a training step fits, planned from the pooled measurements (:meth:`GEM._fit_targets`)."""
+
+    one: Tensor  # (K,) every column's 1-way proportions (0 where not measured)
+    one_w: Tensor  # (K,) their weights (0 where not measured)
+    pairs: Products | None  # the measured pairs' cells (None: none measured)
+    triples: Products | None  # the measured (a, b, label) triples' cells
+    rest: list[tuple[Clique, Tensor, float]]  # other cliques: (clique, proportions, weight)
+    entropy_lambda: float  # λ of the entropy term in the loss's units (:meth:`GEM.entropy_lambda`)
 
 
 class GEM(GeneratorModule):
@@ -506,15 +517,15 @@ class GEM(GeneratorModule):
         """A triple (a, b, label): the label is the last column, so it is the clique's last."""
         return len(clique) == 3 and self.num_classes > 1 and clique[2] == len(self.levels) - 1
 
-    def _fit_targets(self, dense: bool | None = None) -> tuple[Tensor, Tensor, Products | None, Products | None,
-                                                               list[tuple[Clique, Tensor, float]]]:
-        """The pooled measurements as proportions: 1-way targets and weights (K,) (weight 0 where nothing was
-        measured), the measured pairs' and triples' (a, b, label) cells (:func:`products_plan`; None where there are
-        none; ``dense`` as there), and the other larger cliques apart."""
+    def _fit_targets(self, dense: bool | None = None) -> FitTargets:
+        """The pooled measurements as proportions, planned for the step: 1-way targets and weights, the measured
+        pairs' and triples' (a, b, label) cells (:func:`products_plan`; ``dense`` as there), the other larger cliques
+        apart, and the entropy term's λ."""
         size, dev = self.offsets[-1], self.device
         one, one_w = torch.zeros(size, dtype=torch.float64), torch.zeros(size, dtype=torch.float64)
         o, pairs, triples, rest = self.offsets, [], [], []
-        for clique, y, w in self.pooled_proportions():
+        pooled = self.pooled_proportions()
+        for clique, y, w in pooled:
             y = y.cpu()
             if len(clique) == 1:
                 (c,) = clique
@@ -527,7 +538,8 @@ class GEM(GeneratorModule):
                 rest.append((clique, y.to(dev, torch.float32), w))
         pair_plan, triple_plan = (products_plan(m, self.levels, label=label, dense=dense, device=dev) if m else None
                                   for m, label in ((pairs, False), (triples, True)))
-        return one.to(dev, torch.float32), one_w.to(dev, torch.float32), pair_plan, triple_plan, rest
+        return FitTargets(one.to(dev, torch.float32), one_w.to(dev, torch.float32), pair_plan, triple_plan, rest,
+                          self.entropy_lambda([w for _, _, w in pooled]))
 
     def training_step(self, batch: Any, batch_idx: int) -> Tensor:
         """Minus the measurements' Gaussian log-likelihood (class docstring): 1-way cells from the draws' mean,
@@ -537,8 +549,8 @@ class GEM(GeneratorModule):
             raise RuntimeError("GEM has no released marginals: add the AdaptiveMarginals mechanism.")
         key = (len(self.meas_sigma), self.device)  # planned again after each new measurement
         if getattr(self, "_targets", None) is None or self._targets[0] != key:
-            self._targets = (key, self._fit_targets(), self.entropy_lambda())
-        one, one_w, pairs, triples, rest = self._targets[1]
+            self._targets = (key, self._fit_targets())
+        one, one_w, pairs, triples, rest, entropy_lambda = self._targets[1]
         probs = self.level_probs(self.hparams.batch_size)
         flat = torch.cat(probs, 1)  # (B, K)
         squares = flat.square()  # (B, K): the draws' own products, for the unbiased square
@@ -556,16 +568,17 @@ class GEM(GeneratorModule):
         if self.hparams.entropy_weight > 0:
             entropy = component_entropy([flat])  # one block of every column's levels: the same sum, one op
             self.log("train/component_entropy", entropy.detach())
-            loss = loss - self._targets[2] * entropy
+            loss = loss - entropy_lambda * entropy
         return loss
 
-    def entropy_lambda(self) -> float:
+    def entropy_lambda(self, weights: Sequence[float] | None = None) -> float:
         """λ of the entropy term in the loss's units: ``entropy_weight``, times the mean weight of the pooled
-        measurements under ``entropy_units = "proportions"`` (class docstring)."""
+        measurements (``weights``; None: those of :meth:`pooled_proportions`) under ``entropy_units = "proportions"``
+        (class docstring)."""
         weight = float(self.hparams.entropy_weight)
         if self.hparams.entropy_units == "loss" or weight == 0:
             return weight
-        weights = [w for _, _, w in self.pooled_proportions()]
+        weights = [w for _, _, w in self.pooled_proportions()] if weights is None else weights
         return weight * sum(weights) / len(weights)
 
     def set_lr_fraction(self, fraction: float) -> None:

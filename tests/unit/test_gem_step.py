@@ -66,7 +66,8 @@ CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU")
 def test_the_step_is_the_loss_of_the_measured_cliques_with_its_gradients(layout, device, monkeypatch):
     monkeypatch.setattr(gem_fit, "DENSE_COST" if layout == "blocks" else "CALL_COST", 10**12)  # the estimate's choice
     gem = module().to(device)
-    _, _, pairs, triples, rest = gem._fit_targets()
+    targets = gem._fit_targets()
+    pairs, triples, rest = targets.pairs, targets.triples, targets.rest
     assert (pairs.cells is None) == (triples.cells is None) == (layout == "blocks")
     assert [c for c, _, _ in rest] == [(0, 2, 3)] and triples.label and not pairs.label
     assert sorted(tuple(sorted((c, p))) for c, ps in pairs.groups for p in ps) == [(0, 1), (0, 4), (1, 2), (1, 3),
@@ -102,7 +103,7 @@ def test_the_plan_is_rebuilt_after_a_measurement():
     gem.add_measurement((2, 3), torch.full((10,), 1000.0), 0.5)  # a pair measured again, far from the first
     gem.add_measurement((1, 3, 4), torch.full((60,), N / 60), 1.0)  # a label triple
     after, ref_after, _, _ = step_and_reference(gem, 3)
-    assert gem._targets is not plan and gem._targets[1][3] is not None
+    assert gem._targets is not plan and gem._targets[1].triples is not None
     assert after == pytest.approx(ref_after, rel=1e-5) and after > 2 * loss
 
 
